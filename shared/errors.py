@@ -1,0 +1,142 @@
+"""One error hierarchy for the API, the worker and the events they exchange.
+
+    TokenrelayError                 (500 internal_error)
+    ├── InvalidRequest              (400 invalid_request_error)
+    │   └── ContextLengthExceeded   (400 context_length_exceeded)
+    ├── Unauthorized                (401 invalid_api_key)
+    ├── NotFound                    (404 not_found)
+    │   ├── JobNotFound             (404 job_not_found)
+    │   └── ModelNotFound           (404 model_not_found)
+    ├── Overloaded                  (503 cluster_overloaded)
+    ├── RedisUnavailable            (503 redis_unavailable)
+    ├── QueueWaitExpired            (503 expired)
+    ├── WorkerLost                  (503 worker_lost)
+    ├── JobCancelled                (409 cancelled)
+    └── GenerationFailed            (500 generation_failed)
+
+Each class has a stable snake_case `error_type`, used alike in JSON error bodies, SSE error
+events and job records, and an HTTP status in `status_code`.
+"""
+
+from __future__ import annotations
+
+from typing import ClassVar
+
+
+class TokenrelayError(Exception):
+    """Base of every error tokenrelay reports to a client."""
+
+    error_type: ClassVar[str] = "internal_error"
+    status_code: ClassVar[int] = 500
+    openai_type: ClassVar[str] = "server_error"
+
+    def __init__(self, message: str, *, param: str | None = None) -> None:
+        super().__init__(message)
+        self.message = message
+        self.param = param
+
+    def body(self) -> dict[str, dict[str, str | None]]:
+        """The OpenAI error shape: `{"error": {"message", "type", "param", "code"}}`."""
+        return {
+            "error": {
+                "message": self.message,
+                "type": self.openai_type,
+                "param": self.param,
+                "code": self.error_type,
+            }
+        }
+
+
+class InvalidRequest(TokenrelayError):
+    error_type = "invalid_request_error"
+    status_code = 400
+    openai_type = "invalid_request_error"
+
+
+class ContextLengthExceeded(InvalidRequest):
+    error_type = "context_length_exceeded"
+
+
+class Unauthorized(TokenrelayError):
+    error_type = "invalid_api_key"
+    status_code = 401
+    openai_type = "authentication_error"
+
+
+class NotFound(TokenrelayError):
+    error_type = "not_found"
+    status_code = 404
+    openai_type = "invalid_request_error"
+
+
+class JobNotFound(NotFound):
+    error_type = "job_not_found"
+
+
+class ModelNotFound(NotFound):
+    error_type = "model_not_found"
+
+
+class Overloaded(TokenrelayError):
+    """The global in-flight limit is reached; retry after `retry_after_s`."""
+
+    error_type = "cluster_overloaded"
+    status_code = 503
+
+    def __init__(self, message: str, *, retry_after_s: int = 1) -> None:
+        super().__init__(message)
+        self.retry_after_s = retry_after_s
+
+
+class RedisUnavailable(TokenrelayError):
+    error_type = "redis_unavailable"
+    status_code = 503
+
+
+class QueueWaitExpired(TokenrelayError):
+    """The job was not started within `TOKENRELAY_MAX_QUEUE_WAIT_S`."""
+
+    error_type = "expired"
+    status_code = 503
+
+
+class WorkerLost(TokenrelayError):
+    """The worker running the job stopped renewing its lease (it died or lost Redis)."""
+
+    error_type = "worker_lost"
+    status_code = 503
+
+
+class JobCancelled(TokenrelayError):
+    error_type = "cancelled"
+    status_code = 409
+    openai_type = "invalid_request_error"
+
+
+class GenerationFailed(TokenrelayError):
+    error_type = "generation_failed"
+
+
+_BY_TYPE: dict[str, type[TokenrelayError]] = {
+    cls.error_type: cls
+    for cls in (
+        TokenrelayError,
+        InvalidRequest,
+        ContextLengthExceeded,
+        Unauthorized,
+        NotFound,
+        JobNotFound,
+        ModelNotFound,
+        Overloaded,
+        RedisUnavailable,
+        QueueWaitExpired,
+        WorkerLost,
+        JobCancelled,
+        GenerationFailed,
+    )
+}
+
+
+def from_type(error_type: str, message: str) -> TokenrelayError:
+    """Rebuild the error an event or job record names by its `error_type`."""
+    return _BY_TYPE.get(error_type, TokenrelayError)(message)

@@ -1,0 +1,71 @@
+"""Typed events of a job's stream: what a worker publishes and an API node forwards.
+
+Each event carries `seq`, its position in the job's replay log, assigned by the Lua
+script that appends it (so the worker and the lease reaper never race for a number).
+Workers serialize events without `seq` (`to_wire`); the script splices it in.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, TypeAdapter
+
+
+class Usage(BaseModel):
+    prompt_tokens: int
+    completion_tokens: int
+    total_tokens: int
+
+
+class _Event(BaseModel):
+    model_config = ConfigDict(frozen=True)
+
+    seq: int = -1
+
+    def to_wire(self) -> str:
+        """JSON without `seq`, starting with `{"type":` (the append script adds `seq`)."""
+        return self.model_dump_json(exclude={"seq"})
+
+
+class Started(_Event):
+    type: Literal["started"] = "started"
+    worker: str
+    prompt_tokens: int
+
+
+class TokenChunk(_Event):
+    """Text generated since the previous chunk; `tokens` is how many tokens it holds."""
+
+    type: Literal["token"] = "token"
+    text: str
+    tokens: int
+
+
+class Done(_Event):
+    type: Literal["done"] = "done"
+    finish_reason: Literal["stop", "length"]
+    usage: Usage
+
+
+class Error(_Event):
+    """Terminal failure: `error_type` is one of `shared.errors`' types."""
+
+    type: Literal["error"] = "error"
+    error_type: str
+    message: str
+
+
+Event = Annotated[Started | TokenChunk | Done | Error, Field(discriminator="type")]
+TERMINAL_TYPES = frozenset({"done", "error"})
+
+_adapter: TypeAdapter[Event] = TypeAdapter(Event)
+
+
+def parse_event(raw: str | bytes) -> Event:
+    """Parse one event as stored in the replay log or published on the channel."""
+    return _adapter.validate_json(raw)
+
+
+def is_terminal(event: Event) -> bool:
+    return event.type in TERMINAL_TYPES

@@ -1,0 +1,32 @@
+"""The validated generation request that the API enqueues and the worker runs."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict
+
+
+class ChatMessage(BaseModel):
+    model_config = ConfigDict(frozen=True)
+
+    role: Literal["system", "user", "assistant"]
+    content: str
+
+
+class GenerationRequest(BaseModel):
+    """One generation, already checked against the settings' bounds.
+
+    `temperature` and `top_p` left `None` take the model's generation defaults;
+    `temperature == 0` means greedy decoding.
+    """
+
+    model_config = ConfigDict(frozen=True)
+
+    model: str
+    messages: tuple[ChatMessage, ...]
+    max_tokens: int
+    temperature: float | None = None
+    top_p: float | None = None
+    stop: tuple[str, ...] = ()
+    seed: int | None = None

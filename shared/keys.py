@@ -1,0 +1,53 @@
+"""The Redis key schema: every key and channel tokenrelay uses is built here, nowhere else.
+
+Lua scripts receive the per-job key names as templates built by these same functions
+(`JOB_KEY_TEMPLATES`), so not even a script spells a key by hand.
+"""
+
+from __future__ import annotations
+
+PREFIX = "tokenrelay"
+ID_PLACEHOLDER = "{id}"
+
+
+def leases() -> str:
+    """Sorted set of admitted, unfinished jobs: member job id, score lease expiry (ms)."""
+    return f"{PREFIX}:leases"
+
+
+def job(job_id: str) -> str:
+    """Hash with a job's status, owner, timestamps, usage and error."""
+    return f"{PREFIX}:job:{job_id}"
+
+
+def job_events(job_id: str) -> str:
+    """Stream holding a job's replay log: every event, in `seq` order."""
+    return f"{PREFIX}:job:{job_id}:events"
+
+
+def job_channel(job_id: str) -> str:
+    """Pub/sub channel on which a job's events are published live."""
+    return f"{PREFIX}:job:{job_id}:channel"
+
+
+def job_text(job_id: str) -> str:
+    """String holding the text a job has generated so far."""
+    return f"{PREFIX}:job:{job_id}:text"
+
+
+def cancel_channel() -> str:
+    """Pub/sub channel on which the ids of running jobs to stop are announced to workers."""
+    return f"{PREFIX}:cancel"
+
+
+def generation_queue() -> str:
+    """Name of the RQ queue that workers drain (RQ stores it as `rq:queue:<name>`)."""
+    return PREFIX
+
+
+JOB_KEY_TEMPLATES: tuple[str, str, str, str] = (
+    job(ID_PLACEHOLDER),
+    job_events(ID_PLACEHOLDER),
+    job_channel(ID_PLACEHOLDER),
+    job_text(ID_PLACEHOLDER),
+)

@@ -1,0 +1,279 @@
+"""Lua scripts over the lease set and the job keys, with typed wrappers.
+
+Every script that may end a job shares one Lua library (`_LIBRARY`): `emit` assigns the
+next `seq`, appends the event to the job's replay log and publishes it; `finish` moves a
+job to a terminal state exactly once (a job already terminal is left alone), emits its
+final event, releases its lease and puts the result keys on their TTL; `reap` ends jobs
+whose lease expired. Time comes from Redis (`TIME`), so the clocks of API nodes and
+workers never matter.
+
+Common arguments of the library scripts:
+    KEYS[1]  the lease set (`shared.keys.leases()`)
+    ARGV[1..4]  key templates: job hash, event log, channel, text (`JOB_KEY_TEMPLATES`)
+    ARGV[5]  event log MAXLEN (approximate)
+    ARGV[6]  result TTL in seconds
+Script-specific arguments start at ARGV[7]; each script's header lists them.
+
+The wrappers build a `ScriptCall`; the async API and the sync worker each run it on their
+own client (`api.redis_scripts`, `worker.redis_scripts`) and parse the reply here.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+
+from shared import keys
+from shared.errors import Overloaded
+from shared.settings import Settings
+
+_LIBRARY = r"""
+local LEASES = KEYS[1]
+local T_HASH, T_LOG, T_CHAN, T_TEXT = ARGV[1], ARGV[2], ARGV[3], ARGV[4]
+local LOG_MAXLEN = ARGV[5]
+local RESULT_TTL = tonumber(ARGV[6])
+local TERMINAL = {succeeded = true, failed = true, cancelled = true, expired = true}
+
+local function key(template, id)
+  return (string.gsub(template, '{id}', id))
+end
+
+local function now_ms()
+  local t = redis.call('TIME')
+  return tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+end
+
+local function now_s_text()
+  local t = redis.call('TIME')
+  return t[1] .. '.' .. string.format('%06d', tonumber(t[2]))
+end
+
+local function emit(id, event)
+  local seq = redis.call('HINCRBY', key(T_HASH, id), 'next_seq', 1) - 1
+  local payload = '{"seq":' .. seq .. ',' .. string.sub(event, 2)
+  redis.call('XADD', key(T_LOG, id), 'MAXLEN', '~', LOG_MAXLEN, '1-' .. seq, 'e', payload)
+  redis.call('PUBLISH', key(T_CHAN, id), payload)
+  return seq
+end
+
+local function finish(id, status, fields, event)
+  local h = key(T_HASH, id)
+  local current = redis.call('HGET', h, 'status')
+  if (not current) or TERMINAL[current] then
+    return false
+  end
+  redis.call('HSET', h, 'status', status, 'finished_at', now_s_text())
+  for field, value in pairs(fields) do
+    redis.call('HSET', h, field, tostring(value))
+  end
+  emit(id, event)
+  redis.call('ZREM', LEASES, id)
+  redis.call('EXPIRE', h, RESULT_TTL)
+  redis.call('EXPIRE', key(T_LOG, id), RESULT_TTL)
+  redis.call('EXPIRE', key(T_TEXT, id), RESULT_TTL)
+  return true
+end
+
+local function fail(id, status, error_type, message)
+  return finish(id, status, {error_type = error_type, error_message = message},
+    cjson.encode({type = 'error', error_type = error_type, message = message}))
+end
+
+local function reap(now, max)
+  local expired = redis.call('ZRANGEBYSCORE', LEASES, '-inf', now, 'LIMIT', 0, max)
+  for _, id in ipairs(expired) do
+    local current = redis.call('HGET', key(T_HASH, id), 'status')
+    if current == 'running' then
+      fail(id, 'failed', 'worker_lost',
+        'the worker running this job stopped renewing its lease (it died or lost Redis)')
+    elseif current == 'queued' then
+      fail(id, 'expired', 'expired',
+        'the job was not started within the allowed queue wait; retry later')
+    end
+    redis.call('ZREM', LEASES, id)
+  end
+  return #expired
+end
+"""
+
+_REAP_BATCH = 100
+
+ADMIT = _LIBRARY + r"""
+-- ARGV[7] job id, ARGV[8] limit, ARGV[9] queued lease (ms), ARGV[10] owner, ARGV[11] model,
+-- ARGV[12] the most expired leases to reap first.
+-- Returns {1, in_flight} when admitted, {0, in_flight} when the limit is reached.
+local id, limit, lease_ms = ARGV[7], tonumber(ARGV[8]), tonumber(ARGV[9])
+local now = now_ms()
+reap(now, tonumber(ARGV[12]))
+local in_flight = redis.call('ZCARD', LEASES)
+if in_flight >= limit then
+  return {0, in_flight}
+end
+redis.call('ZADD', LEASES, now + lease_ms, id)
+redis.call('HSET', key(T_HASH, id), 'status', 'queued', 'owner', ARGV[10], 'model', ARGV[11],
+  'created_at', now_s_text(), 'next_seq', 0)
+return {1, in_flight + 1}
+"""
+
+START = _LIBRARY + r"""
+-- ARGV[7] job id, ARGV[8] worker name, ARGV[9] lease TTL (ms), ARGV[10] Started event
+-- Returns 'running' when this worker now owns the job, else the status that stops it
+-- ('expired' when its queue wait ran out, or the terminal status it already has);
+-- false when the job is unknown.
+local id = ARGV[7]
+local h = key(T_HASH, id)
+local current = redis.call('HGET', h, 'status')
+if current ~= 'queued' then
+  return current
+end
+local now = now_ms()
+local expiry = redis.call('ZSCORE', LEASES, id)
+if (not expiry) or tonumber(expiry) <= now then
+  fail(id, 'expired', 'expired', 'the job was not started within the allowed queue wait; retry later')
+  return 'expired'
+end
+redis.call('HSET', h, 'status', 'running', 'started_at', now_s_text(), 'worker', ARGV[8])
+redis.call('ZADD', LEASES, now + tonumber(ARGV[9]), id)
+emit(id, ARGV[10])
+return 'running'
+"""
+
+EMIT = _LIBRARY + r"""
+-- ARGV[7..] triples: job id, event (JSON without seq), text to append to the job's text.
+-- Events of jobs no longer running are dropped; returns the ids of those jobs.
+local stopped = {}
+for i = 7, #ARGV, 3 do
+  local id = ARGV[i]
+  if redis.call('HGET', key(T_HASH, id), 'status') == 'running' then
+    emit(id, ARGV[i + 1])
+    if ARGV[i + 2] ~= '' then
+      redis.call('APPEND', key(T_TEXT, id), ARGV[i + 2])
+    end
+  else
+    table.insert(stopped, id)
+  end
+end
+return stopped
+"""
+
+FINISH = _LIBRARY + r"""
+-- ARGV[7] job id, ARGV[8] terminal status, ARGV[9] hash fields (JSON object),
+-- ARGV[10] final event (JSON without seq). Returns 1 if this call ended the job.
+local done = finish(ARGV[7], ARGV[8], cjson.decode(ARGV[9]), ARGV[10])
+return done and 1 or 0
+"""
+
+CANCEL = _LIBRARY + r"""
+-- ARGV[7] job id, ARGV[8] the workers' cancel channel.
+-- A queued job ends cancelled at once; a running job is flagged and its worker told.
+-- Returns 'cancelled', 'cancelling', the terminal status it already had, or false.
+local id = ARGV[7]
+local h = key(T_HASH, id)
+local current = redis.call('HGET', h, 'status')
+if current == 'queued' then
+  fail(id, 'cancelled', 'cancelled', 'the job was cancelled before it started')
+  return 'cancelled'
+elseif current == 'running' then
+  redis.call('HSET', h, 'cancel_requested', '1')
+  redis.call('PUBLISH', ARGV[8], id)
+  return 'cancelling'
+end
+return current
+"""
+
+REAP = _LIBRARY + r"""
+-- ARGV[7] the most leases to reap in this call. Returns how many expired leases it found.
+return reap(now_ms(), tonumber(ARGV[7]))
+"""
+
+RENEW = r"""
+-- KEYS[1] the lease set; ARGV[1] lease TTL (ms); ARGV[2..] job ids.
+-- Extends each unexpired lease; returns the ids whose lease had expired or was gone.
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+local lost = {}
+for i = 2, #ARGV do
+  local expiry = redis.call('ZSCORE', KEYS[1], ARGV[i])
+  if expiry and tonumber(expiry) > now then
+    redis.call('ZADD', KEYS[1], now + tonumber(ARGV[1]), ARGV[i])
+  else
+    table.insert(lost, ARGV[i])
+  end
+end
+return lost
+"""
+
+Arg = str | int | float
+
+
+@dataclass(frozen=True)
+class ScriptCall:
+    """One script invocation, ready for a sync or async Redis client."""
+
+    source: str
+    keys: list[str]
+    args: list[Arg]
+
+
+def _library_call(source: str, settings: Settings, *args: Arg) -> ScriptCall:
+    header: list[Arg] = [*keys.JOB_KEY_TEMPLATES, settings.event_log_maxlen, settings.result_ttl_s]
+    return ScriptCall(source, [keys.leases()], [*header, *args])
+
+
+def admit(settings: Settings, job_id: str, owner: str, model: str) -> ScriptCall:
+    return _library_call(
+        ADMIT,
+        settings,
+        job_id,
+        settings.max_inflight,
+        settings.max_queue_wait_ms,
+        owner,
+        model,
+        _REAP_BATCH,
+    )
+
+
+def check_admitted(reply: list[int]) -> int:
+    """The in-flight count after admission; raises `Overloaded` on refusal."""
+    admitted, in_flight = int(reply[0]), int(reply[1])
+    if not admitted:
+        raise Overloaded(
+            f"tokenrelay is at capacity ({in_flight} requests in flight); retry shortly",
+            retry_after_s=1,
+        )
+    return in_flight
+
+
+def start(settings: Settings, job_id: str, worker: str, started_event: str) -> ScriptCall:
+    return _library_call(START, settings, job_id, worker, settings.lease_ttl_ms, started_event)
+
+
+def emit(settings: Settings, events: list[tuple[str, str, str]]) -> ScriptCall:
+    """Append events of several jobs in one round trip: (job id, event JSON, text delta)."""
+    flat: list[Arg] = [part for triple in events for part in triple]
+    return _library_call(EMIT, settings, *flat)
+
+
+def finish(
+    settings: Settings, job_id: str, status: str, fields: dict[str, Arg], final_event: str
+) -> ScriptCall:
+    return _library_call(FINISH, settings, job_id, status, json.dumps(fields), final_event)
+
+
+def cancel(settings: Settings, job_id: str) -> ScriptCall:
+    return _library_call(CANCEL, settings, job_id, keys.cancel_channel())
+
+
+def reap(settings: Settings) -> ScriptCall:
+    return _library_call(REAP, settings, _REAP_BATCH)
+
+
+def renew(settings: Settings, job_ids: list[str]) -> ScriptCall:
+    return ScriptCall(RENEW, [keys.leases()], [settings.lease_ttl_ms, *job_ids])
+
+
+def decode_text(value: bytes | str | None) -> str | None:
+    """Script replies arrive as bytes on clients without `decode_responses`."""
+    if isinstance(value, bytes):
+        return value.decode()
+    return value

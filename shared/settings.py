@@ -1,0 +1,66 @@
+"""Settings shared by the API and the worker, read from `TOKENRELAY_*` environment variables.
+
+Every field here has a row in the README's settings table.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Literal
+
+from pydantic import Field, field_validator, model_validator
+from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
+
+DEFAULT_MODEL = "Qwen/Qwen2-0.5B-Instruct"
+
+
+class Settings(BaseSettings):
+    """Configuration of one tokenrelay process (API node or worker)."""
+
+    model_config = SettingsConfigDict(env_prefix="TOKENRELAY_", extra="ignore")
+
+    redis_url: str = "redis://127.0.0.1:6379/0"
+    model: str = DEFAULT_MODEL
+    served_model_name: str = ""
+    max_inflight: int = Field(default=64, ge=1)
+    max_queue_wait_s: float = Field(default=60.0, gt=0)
+    lease_ttl_s: float = Field(default=15.0, ge=1.0)
+    max_tokens_limit: int = Field(default=4096, ge=1)
+    default_max_tokens: int = Field(default=512, ge=1)
+    job_timeout_s: int = Field(default=1800, ge=1)
+    result_ttl_s: int = Field(default=3600, ge=1)
+    event_log_maxlen: int = Field(default=20_000, ge=100)
+    sse_ping_s: float = Field(default=15.0, gt=0)
+    api_keys: Annotated[list[str], NoDecode] = Field(default_factory=list)
+    worker_drain_s: float = Field(default=60.0, ge=0)
+    cache_dir: str = "~/.cache/tokenrelay"
+    device: Literal["auto", "cpu", "cuda"] = "auto"
+    dtype: Literal["auto", "float32", "bfloat16", "float16"] = "auto"
+
+    @field_validator("api_keys", mode="before")
+    @classmethod
+    def _split_api_keys(cls, value: object) -> object:
+        if isinstance(value, str):
+            return [key.strip() for key in value.split(",") if key.strip()]
+        return value
+
+    @model_validator(mode="after")
+    def _check_bounds(self) -> Settings:
+        if self.default_max_tokens > self.max_tokens_limit:
+            raise ValueError(
+                f"TOKENRELAY_DEFAULT_MAX_TOKENS ({self.default_max_tokens}) must be <= "
+                f"TOKENRELAY_MAX_TOKENS_LIMIT ({self.max_tokens_limit})"
+            )
+        return self
+
+    @property
+    def model_id(self) -> str:
+        """The name clients send as `model` and see in `/v1/models`."""
+        return self.served_model_name or self.model
+
+    @property
+    def lease_ttl_ms(self) -> int:
+        return int(self.lease_ttl_s * 1000)
+
+    @property
+    def max_queue_wait_ms(self) -> int:
+        return int(self.max_queue_wait_s * 1000)

@@ -1,0 +1,23 @@
+"""The Redis key schema is a contract between processes and versions: pin every string."""
+
+from shared import keys
+
+
+def test_key_strings_are_pinned() -> None:
+    assert keys.leases() == "tokenrelay:leases"
+    assert keys.job("abc") == "tokenrelay:job:abc"
+    assert keys.job_events("abc") == "tokenrelay:job:abc:events"
+    assert keys.job_channel("abc") == "tokenrelay:job:abc:channel"
+    assert keys.job_text("abc") == "tokenrelay:job:abc:text"
+    assert keys.cancel_channel() == "tokenrelay:cancel"
+    assert keys.generation_queue() == "tokenrelay"
+
+
+def test_lua_templates_expand_to_the_same_keys() -> None:
+    expanded = [t.replace(keys.ID_PLACEHOLDER, "abc") for t in keys.JOB_KEY_TEMPLATES]
+    assert expanded == [
+        keys.job("abc"),
+        keys.job_events("abc"),
+        keys.job_channel("abc"),
+        keys.job_text("abc"),
+    ]

@@ -1,0 +1,160 @@
+"""The Lua scripts against a real Redis: admission, start, emit, finish, cancel, reap, renew."""
+
+from __future__ import annotations
+
+import json
+import threading
+
+import pytest
+import redis
+
+from shared import keys, scripts
+from shared.errors import Overloaded
+from shared.events import Done, Started, TokenChunk, Usage, parse_event
+from shared.script_runner import SyncScripts
+from shared.settings import Settings
+
+
+@pytest.fixture
+def run(sync_redis: redis.Redis) -> SyncScripts:
+    return SyncScripts(sync_redis)
+
+
+def admit(run: SyncScripts, settings: Settings, job_id: str) -> int:
+    return scripts.check_admitted(run.run(scripts.admit(settings, job_id, "owner", "m")))
+
+
+def started(worker: str = "w1") -> str:
+    return Started(worker=worker, prompt_tokens=3).to_wire()
+
+
+def log(sync_redis: redis.Redis, job_id: str) -> list[dict[str, object]]:
+    return [json.loads(f["e"]) for _, f in sync_redis.xrange(keys.job_events(job_id))]
+
+
+def test_admission_refuses_past_the_limit(run: SyncScripts, settings: Settings) -> None:
+    assert admit(run, settings, "a") == 1
+    assert admit(run, settings, "b") == 2
+    with pytest.raises(Overloaded):
+        admit(run, settings, "c")
+
+
+def test_concurrent_admission_never_exceeds_the_limit(redis_url: str) -> None:
+    settings = Settings(redis_url=redis_url, max_inflight=7)
+    admitted: list[str] = []
+    lock = threading.Lock()
+
+    def caller(n: int) -> None:
+        client = redis.Redis.from_url(redis_url)
+        runner = SyncScripts(client)
+        for i in range(10):
+            job_id = f"j{n}-{i}"
+            try:
+                admit(runner, settings, job_id)
+            except Overloaded:
+                continue
+            with lock:
+                admitted.append(job_id)
+        client.close()
+
+    threads = [threading.Thread(target=caller, args=(n,)) for n in range(8)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=30)
+    assert len(admitted) == 7
+    check = redis.Redis.from_url(redis_url)
+    assert check.zcard(keys.leases()) == 7
+    check.close()
+
+
+def test_expired_queued_lease_is_reclaimed_and_its_job_expired(
+    run: SyncScripts, sync_redis: redis.Redis, redis_url: str
+) -> None:
+    settings = Settings(redis_url=redis_url, max_inflight=1, max_queue_wait_s=0.001)
+    admit(run, settings, "old")
+    sync_redis.zadd(keys.leases(), {"old": 0})
+    assert admit(run, settings, "new") == 1
+    assert sync_redis.hget(keys.job("old"), "status") == "expired"
+    events = log(sync_redis, "old")
+    assert events[-1]["type"] == "error"
+    assert events[-1]["error_type"] == "expired"
+
+
+def test_reap_marks_a_running_job_worker_lost_exactly_once(
+    run: SyncScripts, settings: Settings, sync_redis: redis.Redis
+) -> None:
+    admit(run, settings, "r")
+    assert run.run(scripts.start(settings, "r", "w1", started())) == "running"
+    sync_redis.zadd(keys.leases(), {"r": 0})
+    assert run.run(scripts.reap(settings)) == 1
+    assert run.run(scripts.reap(settings)) == 0
+    assert sync_redis.hget(keys.job("r"), "status") == "failed"
+    assert sync_redis.hget(keys.job("r"), "error_type") == "worker_lost"
+    assert [e["type"] for e in log(sync_redis, "r")] == ["started", "error"]
+    assert sync_redis.zcard(keys.leases()) == 0
+
+
+def test_events_get_consecutive_seqs_and_text_accumulates(
+    run: SyncScripts, settings: Settings, sync_redis: redis.Redis
+) -> None:
+    admit(run, settings, "s")
+    run.run(scripts.start(settings, "s", "w1", started()))
+    chunks = [("s", TokenChunk(text=t, tokens=1).to_wire(), t) for t in ("你好", "\n", "🚀")]
+    assert run.run(scripts.emit(settings, chunks)) == []
+    done = Done(finish_reason="stop", usage=Usage(prompt_tokens=3, completion_tokens=3, total_tokens=6))
+    fields = {"finish_reason": "stop", "prompt_tokens": 3, "completion_tokens": 3}
+    assert run.run(scripts.finish(settings, "s", "succeeded", fields, done.to_wire())) == 1
+    assert run.run(scripts.finish(settings, "s", "failed", {}, done.to_wire())) == 0
+    events = [parse_event(json.dumps(e)) for e in log(sync_redis, "s")]
+    assert [e.seq for e in events] == [0, 1, 2, 3, 4]
+    assert sync_redis.get(keys.job_text("s")) == "你好\n🚀"
+    assert sync_redis.hget(keys.job("s"), "status") == "succeeded"
+    assert sync_redis.hget(keys.job("s"), "prompt_tokens") == "3"
+    assert sync_redis.zcard(keys.leases()) == 0
+    assert 0 < sync_redis.ttl(keys.job("s")) <= settings.result_ttl_s
+
+
+def test_emit_drops_events_of_jobs_no_longer_running(
+    run: SyncScripts, settings: Settings, sync_redis: redis.Redis
+) -> None:
+    admit(run, settings, "x")
+    run.run(scripts.start(settings, "x", "w1", started()))
+    assert run.run(scripts.cancel(settings, "x")) == "cancelling"
+    assert sync_redis.hget(keys.job("x"), "cancel_requested") == "1"
+    cancelled = '{"type":"error","error_type":"cancelled","message":"stopped"}'
+    run.run(scripts.finish(settings, "x", "cancelled", {}, cancelled))
+    assert run.run(scripts.emit(settings, [("x", TokenChunk(text="a", tokens=1).to_wire(), "a")])) == ["x"]
+    assert [e["type"] for e in log(sync_redis, "x")] == ["started", "error"]
+
+
+def test_cancel_of_a_queued_job_ends_it_and_start_then_refuses(
+    run: SyncScripts, settings: Settings, sync_redis: redis.Redis
+) -> None:
+    admit(run, settings, "q")
+    assert run.run(scripts.cancel(settings, "q")) == "cancelled"
+    assert sync_redis.zcard(keys.leases()) == 0
+    assert run.run(scripts.start(settings, "q", "w1", started())) == "cancelled"
+    assert run.run(scripts.cancel(settings, "unknown")) is None
+
+
+def test_start_refuses_a_job_whose_queue_wait_ran_out(
+    run: SyncScripts, settings: Settings, sync_redis: redis.Redis
+) -> None:
+    admit(run, settings, "late")
+    sync_redis.zadd(keys.leases(), {"late": 0})
+    assert run.run(scripts.start(settings, "late", "w1", started())) == "expired"
+    assert sync_redis.hget(keys.job("late"), "status") == "expired"
+
+
+def test_renew_extends_live_leases_and_reports_lost_ones(
+    run: SyncScripts, settings: Settings, sync_redis: redis.Redis
+) -> None:
+    admit(run, settings, "live")
+    admit(run, settings, "dead")
+    sync_redis.zadd(keys.leases(), {"dead": 0})
+    before = sync_redis.zscore(keys.leases(), "live")
+    assert run.run(scripts.renew(settings, ["live", "dead"])) == ["dead"]
+    after = sync_redis.zscore(keys.leases(), "live")
+    assert before is not None and after is not None
+    assert after != before
