@@ -98,7 +98,9 @@ end
 
 _REAP_BATCH = 100
 
-ADMIT = _LIBRARY + r"""
+ADMIT = (
+    _LIBRARY
+    + r"""
 -- ARGV[7] job id, ARGV[8] limit, ARGV[9] queued lease (ms), ARGV[10] owner, ARGV[11] model,
 -- ARGV[12] the most expired leases to reap first.
 -- Returns {1, in_flight} when admitted, {0, in_flight} when the limit is reached.
@@ -114,8 +116,11 @@ redis.call('HSET', key(T_HASH, id), 'status', 'queued', 'owner', ARGV[10], 'mode
   'created_at', now_s_text(), 'next_seq', 0)
 return {1, in_flight + 1}
 """
+)
 
-START = _LIBRARY + r"""
+START = (
+    _LIBRARY
+    + r"""
 -- ARGV[7] job id, ARGV[8] worker name, ARGV[9] lease TTL (ms), ARGV[10] Started event
 -- Returns 'running' when this worker now owns the job, else the status that stops it
 -- ('expired' when its queue wait ran out, or the terminal status it already has);
@@ -129,7 +134,8 @@ end
 local now = now_ms()
 local expiry = redis.call('ZSCORE', LEASES, id)
 if (not expiry) or tonumber(expiry) <= now then
-  fail(id, 'expired', 'expired', 'the job was not started within the allowed queue wait; retry later')
+  fail(id, 'expired', 'expired',
+    'the job was not started within the allowed queue wait; retry later')
   return 'expired'
 end
 redis.call('HSET', h, 'status', 'running', 'started_at', now_s_text(), 'worker', ARGV[8])
@@ -137,8 +143,11 @@ redis.call('ZADD', LEASES, now + tonumber(ARGV[9]), id)
 emit(id, ARGV[10])
 return 'running'
 """
+)
 
-EMIT = _LIBRARY + r"""
+EMIT = (
+    _LIBRARY
+    + r"""
 -- ARGV[7..] triples: job id, event (JSON without seq), text to append to the job's text.
 -- Events of jobs no longer running are dropped; returns the ids of those jobs.
 local stopped = {}
@@ -155,15 +164,21 @@ for i = 7, #ARGV, 3 do
 end
 return stopped
 """
+)
 
-FINISH = _LIBRARY + r"""
+FINISH = (
+    _LIBRARY
+    + r"""
 -- ARGV[7] job id, ARGV[8] terminal status, ARGV[9] hash fields (JSON object),
 -- ARGV[10] final event (JSON without seq). Returns 1 if this call ended the job.
 local done = finish(ARGV[7], ARGV[8], cjson.decode(ARGV[9]), ARGV[10])
 return done and 1 or 0
 """
+)
 
-CANCEL = _LIBRARY + r"""
+CANCEL = (
+    _LIBRARY
+    + r"""
 -- ARGV[7] job id, ARGV[8] the workers' cancel channel.
 -- A queued job ends cancelled at once; a running job is flagged and its worker told.
 -- Returns 'cancelled', 'cancelling', the terminal status it already had, or false.
@@ -180,11 +195,15 @@ elseif current == 'running' then
 end
 return current
 """
+)
 
-REAP = _LIBRARY + r"""
+REAP = (
+    _LIBRARY
+    + r"""
 -- ARGV[7] the most leases to reap in this call. Returns how many expired leases it found.
 return reap(now_ms(), tonumber(ARGV[7]))
 """
+)
 
 RENEW = r"""
 -- KEYS[1] the lease set; ARGV[1] lease TTL (ms); ARGV[2..] job ids.

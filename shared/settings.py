@@ -11,6 +11,7 @@ from pydantic import Field, field_validator, model_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
 DEFAULT_MODEL = "Qwen/Qwen2-0.5B-Instruct"
+DEMO_MODEL_NAME = "tokenrelay-demo"
 
 
 class Settings(BaseSettings):

@@ -102,7 +102,9 @@ def test_events_get_consecutive_seqs_and_text_accumulates(
     run.run(scripts.start(settings, "s", "w1", started()))
     chunks = [("s", TokenChunk(text=t, tokens=1).to_wire(), t) for t in ("你好", "\n", "🚀")]
     assert run.run(scripts.emit(settings, chunks)) == []
-    done = Done(finish_reason="stop", usage=Usage(prompt_tokens=3, completion_tokens=3, total_tokens=6))
+    done = Done(
+        finish_reason="stop", usage=Usage(prompt_tokens=3, completion_tokens=3, total_tokens=6)
+    )
     fields = {"finish_reason": "stop", "prompt_tokens": 3, "completion_tokens": 3}
     assert run.run(scripts.finish(settings, "s", "succeeded", fields, done.to_wire())) == 1
     assert run.run(scripts.finish(settings, "s", "failed", {}, done.to_wire())) == 0
@@ -124,7 +126,9 @@ def test_emit_drops_events_of_jobs_no_longer_running(
     assert sync_redis.hget(keys.job("x"), "cancel_requested") == "1"
     cancelled = '{"type":"error","error_type":"cancelled","message":"stopped"}'
     run.run(scripts.finish(settings, "x", "cancelled", {}, cancelled))
-    assert run.run(scripts.emit(settings, [("x", TokenChunk(text="a", tokens=1).to_wire(), "a")])) == ["x"]
+    assert run.run(
+        scripts.emit(settings, [("x", TokenChunk(text="a", tokens=1).to_wire(), "a")])
+    ) == ["x"]
     assert [e["type"] for e in log(sync_redis, "x")] == ["started", "error"]
 
 

@@ -34,7 +34,7 @@ SPECIAL_TOKENS: tuple[str, ...] = (ENDOFTEXT, IM_START, IM_END)
 TOKENIZER_VOCAB_SIZE = 1536
 #: Vocabulary size of Qwen2-0.5B-Instruct's embedding matrix.
 QWEN2_VOCAB_SIZE = 151936
-#: Prompt length the "tiny" shape (and the tokenizer config) advertise.
+#: Context length of the "tiny" shape.
 TINY_MAX_POSITIONS = 2048
 
 #: Qwen2-Instruct's ChatML template, with its default system prompt.
@@ -48,7 +48,8 @@ CHAT_TEMPLATE = (
     "{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}"
 )
 
-#: Training text: English, Chinese, emoji, digits, code, tabs and both kinds of newline.
+#: Training text: English, Chinese (with its full-width punctuation), emoji, digits, code,
+#: tabs and both kinds of newline.
 CORPUS = """\
 The quick brown fox jumps over the lazy dog. A journey of a thousand miles begins with a
 single step. Large language models generate text one token at a time; a serving gateway
@@ -79,7 +80,7 @@ User: 你能帮我写一首关于春天的诗吗？
 Assistant: 春风吹绿了柳枝，小鸟在枝头歌唱，花儿开满了山坡 🌸。
 User: Explain recursion briefly.
 Assistant: Recursion is when a function calls itself to solve a smaller instance of a problem.
-"""
+"""  # noqa: RUF001 - full-width Chinese punctuation is intended
 
 
 def train_tokenizer(corpus: str = CORPUS) -> Tokenizer:
@@ -149,7 +150,7 @@ def qwen2_config(shape: str, vocab_size: int) -> Qwen2Config:
     raise ValueError(f"unknown shape {shape!r}; expected one of {TINY_SHAPES}")
 
 
-def _write_tokenizer(tokenizer: Tokenizer, out_dir: Path) -> None:
+def _write_tokenizer(tokenizer: Tokenizer, out_dir: Path, max_length: int) -> None:
     """Save `tokenizer` with the config and chat template `Qwen2Tokenizer` loads from."""
     tokenizer.save(str(out_dir / "tokenizer.json"))
     tokenizer_config = {
@@ -159,7 +160,7 @@ def _write_tokenizer(tokenizer: Tokenizer, out_dir: Path) -> None:
         "pad_token": ENDOFTEXT,
         "unk_token": None,
         "padding_side": "left",
-        "model_max_length": TINY_MAX_POSITIONS,
+        "model_max_length": max_length,
         "add_prefix_space": False,
         "clean_up_tokenization_spaces": False,
         "split_special_tokens": False,
@@ -200,5 +201,5 @@ def build_tiny_model(out_dir: Path, shape: str = "tiny", seed: int = 0) -> Path:
         pad_token_id=endoftext,
     )
     model.save_pretrained(out_dir)
-    _write_tokenizer(tokenizer, out_dir)
+    _write_tokenizer(tokenizer, out_dir, config.max_position_embeddings)
     return out_dir

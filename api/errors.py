@@ -1,0 +1,74 @@
+"""Exception → HTTP response, in one table; every body in the OpenAI error shape.
+
+Redis errors are translated here at the boundary (`redis_unavailable`, 503); request
+validation errors become 400s naming the field; anything unexpected is logged and answered
+with a 500 that carries no stack trace.
+"""
+
+from __future__ import annotations
+
+import logging
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse
+from redis.exceptions import RedisError
+from starlette.exceptions import HTTPException
+
+from shared.errors import InvalidRequest, NotFound, Overloaded, RedisUnavailable, TokenrelayError
+
+log = logging.getLogger(__name__)
+
+
+def error_response(exc: TokenrelayError) -> JSONResponse:
+    headers = {"Retry-After": str(exc.retry_after_s)} if isinstance(exc, Overloaded) else None
+    return JSONResponse(exc.body(), status_code=exc.status_code, headers=headers)
+
+
+def validation_message(exc: RequestValidationError) -> tuple[str, str | None]:
+    first = exc.errors()[0]
+    location = [str(part) for part in first.get("loc", ()) if part != "body"]
+    field = ".".join(location) or None
+    message = first.get("msg", "invalid request")
+    if first.get("type") == "json_invalid":
+        return "the request body is not valid JSON", None
+    if field is None:
+        return f"invalid request body: {message}", None
+    return f"`{field}`: {message}", field
+
+
+async def _tokenrelay_error(_: Request, exc: Exception) -> JSONResponse:
+    assert isinstance(exc, TokenrelayError)
+    return error_response(exc)
+
+
+async def _validation_error(_: Request, exc: Exception) -> JSONResponse:
+    assert isinstance(exc, RequestValidationError)
+    message, field = validation_message(exc)
+    return error_response(InvalidRequest(message, param=field))
+
+
+async def _redis_error(_: Request, exc: Exception) -> JSONResponse:
+    log.warning("Redis unavailable: %s", exc)
+    return error_response(RedisUnavailable("the gateway cannot reach Redis; retry shortly"))
+
+
+async def _http_error(_: Request, exc: Exception) -> JSONResponse:
+    assert isinstance(exc, HTTPException)
+    if exc.status_code == 404:
+        return error_response(NotFound("no such route; see /docs for the API"))
+    error = TokenrelayError(str(exc.detail))
+    return JSONResponse(error.body(), status_code=exc.status_code, headers=exc.headers)
+
+
+async def _unexpected_error(_: Request, exc: Exception) -> JSONResponse:
+    log.error("unhandled error", exc_info=exc)
+    return error_response(TokenrelayError("internal error; the gateway logged the details"))
+
+
+def install(app: FastAPI) -> None:
+    app.add_exception_handler(TokenrelayError, _tokenrelay_error)
+    app.add_exception_handler(RequestValidationError, _validation_error)
+    app.add_exception_handler(RedisError, _redis_error)
+    app.add_exception_handler(HTTPException, _http_error)
+    app.add_exception_handler(Exception, _unexpected_error)

@@ -1,0 +1,65 @@
+"""Submit, look up and cancel jobs: admission + enqueue, owner checks, cancellation."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import uuid
+
+from api.deps import Caller
+from api.state import AppState
+from shared import keys, scripts
+from shared.errors import JobNotFound, RedisUnavailable
+from shared.events import Error
+from shared.generation import GenerationRequest
+from shared.jobs import JobRecord, JobStatus
+from shared.rq_jobs import JOB_ID_PATTERN, enqueue_generation, remove_queued
+
+log = logging.getLogger(__name__)
+
+
+async def submit(state: AppState, caller: Caller, request: GenerationRequest) -> str:
+    """Admit and enqueue a job; raises `Overloaded` when the global limit is reached."""
+    job_id = uuid.uuid4().hex
+    settings = state.settings
+    reply = await state.scripts.run(scripts.admit(settings, job_id, caller.owner, request.model))
+    scripts.check_admitted(reply)
+    try:
+        await asyncio.to_thread(enqueue_generation, state.rq_connection, settings, job_id, request)
+    except Exception as exc:
+        log.warning("enqueue of admitted job %s failed: %s", job_id, exc)
+        error = Error(error_type="redis_unavailable", message="the job could not be enqueued")
+        fields = {"error_type": error.error_type, "error_message": error.message}
+        finish = scripts.finish(settings, job_id, JobStatus.FAILED, dict(fields), error.to_wire())
+        await state.scripts.run(finish)
+        raise RedisUnavailable("the job could not be enqueued; retry shortly") from exc
+    return job_id
+
+
+async def get_record(state: AppState, caller: Caller, job_id: str) -> JobRecord:
+    """The job's record; 404 for unknown ids and for jobs of another caller alike."""
+    if not JOB_ID_PATTERN.match(job_id):
+        raise JobNotFound(f"no job {job_id!r}")
+    async with state.redis.pipeline(transaction=False) as pipe:
+        pipe.hgetall(keys.job(job_id))
+        pipe.get(keys.job_text(job_id))
+        fields, text = await pipe.execute()
+    if not fields or fields.get("owner") != caller.owner:
+        raise JobNotFound(f"no job {job_id!r}")
+    return JobRecord.from_redis(job_id, fields, text or "")
+
+
+async def cancel(state: AppState, job_id: str) -> str | None:
+    """Cancel a job: a queued one ends now, a running one stops at its next decoding step."""
+    outcome = await state.scripts.run(scripts.cancel(state.settings, job_id))
+    if outcome == JobStatus.CANCELLED:
+        await asyncio.to_thread(remove_queued, state.rq_connection, job_id)
+    return scripts.decode_text(outcome)
+
+
+async def cancel_quietly(state: AppState, job_id: str) -> None:
+    """Cancel on client disconnect: best effort, never raises (the lease reaps the rest)."""
+    try:
+        await cancel(state, job_id)
+    except Exception as exc:
+        log.warning("cancel of job %s after disconnect failed: %s", job_id, exc)

@@ -1,0 +1,23 @@
+"""The API's share of lease reaping: any live process ends jobs whose lease expired."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+
+from redis.exceptions import RedisError
+
+from api.state import AppState
+from shared import scripts
+
+log = logging.getLogger(__name__)
+
+
+async def reap_forever(state: AppState) -> None:
+    interval_s = state.settings.lease_ttl_s / 3
+    while True:
+        await asyncio.sleep(interval_s)
+        try:
+            await state.scripts.run(scripts.reap(state.settings))
+        except RedisError as exc:
+            log.warning("lease reaping skipped: %s", exc)

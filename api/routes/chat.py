@@ -1,0 +1,134 @@
+"""`POST /v1/chat/completions`: OpenAI-compatible, streaming (SSE) or not."""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import AsyncIterator
+
+from fastapi import APIRouter
+from redis.exceptions import RedisError
+from starlette.responses import StreamingResponse
+
+from api import sse
+from api.deps import CallerDep, StateDep
+from api.job_control import cancel_quietly, submit
+from api.openai_schema import (
+    AssistantMessage,
+    ChatCompletion,
+    ChatCompletionChunk,
+    ChatCompletionRequest,
+    Choice,
+    ChunkChoice,
+    Delta,
+)
+from api.state import AppState
+from api.streams import Heartbeat
+from shared.errors import ModelNotFound, RedisUnavailable, TokenrelayError, from_type
+from shared.events import Done, Error, TokenChunk, Usage
+from shared.settings import Settings
+
+router = APIRouter(prefix="/v1", tags=["chat"])
+
+
+def check_model(settings: Settings, model: str) -> None:
+    if model != settings.model_id:
+        raise ModelNotFound(
+            f"model {model!r} is not served here; GET /v1/models lists {settings.model_id!r}",
+            param="model",
+        )
+
+
+@router.post("/chat/completions", response_model=None)
+async def create_chat_completion(
+    body: ChatCompletionRequest, state: StateDep, caller: CallerDep
+) -> ChatCompletion | StreamingResponse:
+    check_model(state.settings, body.model)
+    request = body.to_generation(state.settings)
+    job_id = await submit(state, caller, request)
+    if body.stream:
+        include_usage = bool(body.stream_options and body.stream_options.include_usage)
+        return sse.response(_stream(state, job_id, body.model, include_usage))
+    return await _complete(state, job_id, body.model)
+
+
+async def _complete(state: AppState, job_id: str, model: str) -> ChatCompletion:
+    parts: list[str] = []
+    async for event in state.hub.events(job_id, idle_s=state.settings.sse_ping_s):
+        if isinstance(event, TokenChunk):
+            parts.append(event.text)
+        elif isinstance(event, Done):
+            return ChatCompletion(
+                id=f"chatcmpl-{job_id}",
+                created=int(time.time()),
+                model=model,
+                choices=[
+                    Choice(
+                        message=AssistantMessage(content="".join(parts)),
+                        finish_reason=event.finish_reason,
+                    )
+                ],
+                usage=event.usage,
+            )
+        elif isinstance(event, Error):
+            raise from_type(event.error_type, event.message)
+    raise TokenrelayError("the job's event stream ended without a final event")
+
+
+async def _stream(
+    state: AppState, job_id: str, model: str, include_usage: bool
+) -> AsyncIterator[bytes]:
+    chunk = _ChunkWriter(job_id, model)
+    ended = False
+    try:
+        yield chunk.delta(Delta(role="assistant", content=""))
+        async for event in state.hub.events(job_id, idle_s=state.settings.sse_ping_s):
+            if isinstance(event, TokenChunk):
+                yield chunk.delta(Delta(content=event.text))
+            elif isinstance(event, Done):
+                yield chunk.delta(Delta(), finish_reason=event.finish_reason)
+                if include_usage:
+                    yield chunk.usage(event.usage)
+            elif isinstance(event, Error):
+                yield _error(from_type(event.error_type, event.message))
+            elif isinstance(event, Heartbeat):
+                yield sse.comment()
+        ended = True
+    except RedisError:
+        yield _error(RedisUnavailable("lost Redis while streaming; the job may still finish"))
+        ended = True
+    finally:
+        if not ended:
+            state.spawn(cancel_quietly(state, job_id))
+    yield sse.encode("[DONE]")
+
+
+def _error(exc: TokenrelayError) -> bytes:
+    """An error after the stream started: vLLM's shape, `data: {"error": {...}}`."""
+    return sse.encode(json.dumps(exc.body()))
+
+
+class _ChunkWriter:
+    def __init__(self, job_id: str, model: str) -> None:
+        self._id = f"chatcmpl-{job_id}"
+        self._model = model
+        self._created = int(time.time())
+
+    def delta(self, delta: Delta, finish_reason: str | None = None) -> bytes:
+        choice = ChunkChoice(delta=delta, finish_reason=finish_reason)
+        return self._encode(
+            ChatCompletionChunk(
+                id=self._id, created=self._created, model=self._model, choices=[choice]
+            )
+        )
+
+    def usage(self, usage: Usage) -> bytes:
+        return self._encode(
+            ChatCompletionChunk(
+                id=self._id, created=self._created, model=self._model, choices=[], usage=usage
+            )
+        )
+
+    @staticmethod
+    def _encode(chunk: ChatCompletionChunk) -> bytes:
+        return sse.encode(chunk.model_dump_json(exclude_none=False))

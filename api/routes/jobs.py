@@ -1,0 +1,87 @@
+"""Async jobs: submit now, poll or stream later, cancel."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import AsyncIterator
+from typing import Annotated
+
+from fastapi import APIRouter, Header
+from fastapi.responses import JSONResponse
+from redis.exceptions import RedisError
+from starlette.responses import StreamingResponse
+
+from api import sse
+from api.deps import CallerDep, StateDep
+from api.job_control import cancel, get_record, submit
+from api.openai_schema import ChatCompletionRequest
+from api.routes.chat import check_model
+from api.state import AppState
+from api.streams import Heartbeat
+from shared.errors import InvalidRequest, RedisUnavailable
+from shared.jobs import JobRecord
+
+router = APIRouter(prefix="/v1/jobs", tags=["jobs"])
+
+
+@router.post("", status_code=202, response_model=JobRecord)
+async def create_job(
+    body: ChatCompletionRequest, state: StateDep, caller: CallerDep
+) -> JSONResponse:
+    """Admit and enqueue a generation; poll `Location` or stream `Location/events`."""
+    check_model(state.settings, body.model)
+    job_id = await submit(state, caller, body.to_generation(state.settings))
+    record = await get_record(state, caller, job_id)
+    return JSONResponse(
+        record.model_dump(mode="json"), status_code=202, headers={"Location": f"/v1/jobs/{job_id}"}
+    )
+
+
+@router.get("/{job_id}")
+async def read_job(job_id: str, state: StateDep, caller: CallerDep) -> JobRecord:
+    return await get_record(state, caller, job_id)
+
+
+@router.delete("/{job_id}")
+async def cancel_job(job_id: str, state: StateDep, caller: CallerDep) -> JobRecord:
+    """Cancel: a queued job ends at once; a running one stops at its next decoding step."""
+    await get_record(state, caller, job_id)
+    await cancel(state, job_id)
+    return await get_record(state, caller, job_id)
+
+
+@router.get("/{job_id}/events", response_model=None)
+async def job_events(
+    job_id: str,
+    state: StateDep,
+    caller: CallerDep,
+    last_event_id: Annotated[str | None, Header()] = None,
+) -> StreamingResponse:
+    """SSE of the job's events from the start (or after `Last-Event-ID`), through the last."""
+    await get_record(state, caller, job_id)
+    after_seq = _parse_last_event_id(last_event_id)
+    return sse.response(_events(state, job_id, after_seq))
+
+
+def _parse_last_event_id(value: str | None) -> int:
+    if value is None or value == "":
+        return -1
+    if not value.isdigit():
+        raise InvalidRequest(
+            f"`Last-Event-ID` must be a non-negative integer, got {value!r}", param="Last-Event-ID"
+        )
+    return int(value)
+
+
+async def _events(state: AppState, job_id: str, after_seq: int) -> AsyncIterator[bytes]:
+    try:
+        async for event in state.hub.events(
+            job_id, after_seq=after_seq, idle_s=state.settings.sse_ping_s
+        ):
+            if isinstance(event, Heartbeat):
+                yield sse.comment()
+            else:
+                yield sse.encode(event.model_dump_json(), event=event.type, event_id=event.seq)
+    except RedisError:
+        error = RedisUnavailable("lost Redis while streaming; reconnect with Last-Event-ID")
+        yield sse.encode(json.dumps(error.body()), event="error")

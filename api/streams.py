@@ -1,0 +1,143 @@
+"""Fan-out of job events: one pub/sub connection per API process, shared by all its streams.
+
+`StreamHub.events(job_id, after_seq)` yields a job's events in `seq` order and ends with its
+terminal event. It subscribes first, then replays the log, then forwards live events,
+dropping duplicates by `seq`, so a late or reconnecting reader misses nothing. When the
+pub/sub connection drops (Redis restart) or stays quiet for a ping interval, each reader
+re-reads the log from its last `seq`: published messages lost meanwhile are recovered.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import AsyncIterator
+from typing import Any
+
+import redis.asyncio
+from redis.exceptions import RedisError
+
+from shared import keys
+from shared.events import Event, is_terminal, parse_event
+
+log = logging.getLogger(__name__)
+
+_SUBSCRIBE_TIMEOUT_S = 5.0
+_RECONNECT_BACKOFF_S = 0.5
+
+
+class Heartbeat:
+    """Yielded by `StreamHub.events` when nothing happened for `idle_s`: time for a ping."""
+
+
+HEARTBEAT = Heartbeat()
+_RESYNC = object()
+
+
+class StreamHub:
+    def __init__(self, client: redis.asyncio.Redis) -> None:
+        self._client = client
+        self._pubsub = client.pubsub()
+        self._readers: dict[str, set[asyncio.Queue[Any]]] = {}
+        self._confirmed: dict[str, asyncio.Event] = {}
+        self._task: asyncio.Task[None] | None = None
+
+    def start(self) -> None:
+        self._task = asyncio.create_task(self._read_loop(), name="stream-hub")
+
+    async def close(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+        await self._pubsub.aclose()
+
+    @property
+    def channel_count(self) -> int:
+        return len(self._readers)
+
+    async def events(
+        self, job_id: str, *, after_seq: int = -1, idle_s: float = 15.0
+    ) -> AsyncIterator[Event | Heartbeat]:
+        """Events of `job_id` with `seq > after_seq`, through the terminal one."""
+        last_seq = after_seq
+        async with self._subscription(job_id) as queue:
+            pending = await self._replay(job_id, last_seq)
+            while True:
+                for event in pending:
+                    if event.seq <= last_seq:
+                        continue
+                    last_seq = event.seq
+                    yield event
+                    if is_terminal(event):
+                        return
+                try:
+                    item = await asyncio.wait_for(queue.get(), timeout=idle_s)
+                except TimeoutError:
+                    yield HEARTBEAT
+                    pending = await self._replay(job_id, last_seq)
+                    continue
+                if item is _RESYNC:
+                    pending = await self._replay(job_id, last_seq)
+                elif item.seq == last_seq + 1:
+                    pending = [item]
+                else:
+                    pending = await self._replay(job_id, last_seq)
+
+    async def _replay(self, job_id: str, after_seq: int) -> list[Event]:
+        log_key = keys.job_events(job_id)
+        entries: Any = await self._client.xrange(log_key, min=f"1-{after_seq + 1}")
+        return [parse_event(fields["e"]) for _, fields in entries]
+
+    @contextlib.asynccontextmanager
+    async def _subscription(self, job_id: str) -> AsyncIterator[asyncio.Queue[Any]]:
+        channel = keys.job_channel(job_id)
+        queue: asyncio.Queue[Any] = asyncio.Queue()
+        readers = self._readers.setdefault(channel, set())
+        readers.add(queue)
+        try:
+            if channel not in self._confirmed:
+                self._confirmed[channel] = asyncio.Event()
+                await self._pubsub.subscribe(channel)
+            await asyncio.wait_for(self._confirmed[channel].wait(), _SUBSCRIBE_TIMEOUT_S)
+            yield queue
+        finally:
+            readers.discard(queue)
+            if not readers:
+                del self._readers[channel]
+                self._confirmed.pop(channel, None)
+                with contextlib.suppress(RedisError):
+                    await self._pubsub.unsubscribe(channel)
+
+    async def _read_loop(self) -> None:
+        while True:
+            try:
+                await self._pubsub.connect()
+                while True:
+                    message = await self._pubsub.get_message(timeout=1.0)
+                    if message is not None:
+                        self._dispatch(message)
+            except (RedisError, OSError) as exc:
+                log.warning("pub/sub connection lost, reconnecting: %s", exc)
+                for readers in self._readers.values():
+                    for queue in readers:
+                        queue.put_nowait(_RESYNC)
+                await asyncio.sleep(_RECONNECT_BACKOFF_S)
+
+    def _dispatch(self, message: dict[str, Any]) -> None:
+        channel = _text(message["channel"])
+        if message["type"] == "subscribe":
+            confirmed = self._confirmed.get(channel)
+            if confirmed is not None:
+                confirmed.set()
+            return
+        if message["type"] != "message":
+            return
+        event = parse_event(message["data"])
+        for queue in self._readers.get(channel, ()):
+            queue.put_nowait(event)
+
+
+def _text(value: bytes | str) -> str:
+    return value.decode() if isinstance(value, bytes) else value

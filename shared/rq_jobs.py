@@ -1,0 +1,44 @@
+"""The RQ side of the contract: queue, job function name, serializer, enqueue options.
+
+Jobs travel as JSON (never pickle). The job function name is a tag, not an import path:
+workers only run the functions in their allow-list (`worker.rq_worker`).
+"""
+
+from __future__ import annotations
+
+import re
+
+import redis
+from rq import Queue
+from rq.serializers import JSONSerializer
+
+from shared import keys
+from shared.generation import GenerationRequest
+from shared.settings import Settings
+
+GENERATE_FUNCTION = "tokenrelay.generate"
+JOB_ID_PATTERN = re.compile(r"^[A-Za-z0-9_-]{1,128}$")
+
+
+def generation_queue(connection: redis.Redis) -> Queue:
+    return Queue(keys.generation_queue(), connection=connection, serializer=JSONSerializer)
+
+
+def enqueue_generation(
+    connection: redis.Redis, settings: Settings, job_id: str, request: GenerationRequest
+) -> None:
+    """Enqueue an admitted job; RQ drops it if it waits longer than the allowed queue wait."""
+    generation_queue(connection).enqueue_call(
+        GENERATE_FUNCTION,
+        kwargs={"job_id": job_id, "request": request.model_dump(mode="json")},
+        job_id=job_id,
+        timeout=settings.job_timeout_s,
+        ttl=max(1, int(settings.max_queue_wait_s) + 1),
+        result_ttl=settings.result_ttl_s,
+        failure_ttl=settings.result_ttl_s,
+    )
+
+
+def remove_queued(connection: redis.Redis, job_id: str) -> None:
+    """Take a cancelled job out of its RQ queue (a worker would skip it anyway)."""
+    generation_queue(connection).remove(job_id)

@@ -1,0 +1,40 @@
+"""Stop strings cut the text exactly, across chunk boundaries, and never leak a prefix."""
+
+from __future__ import annotations
+
+import pytest
+
+from worker.stop_strings import StopStringMatcher
+
+
+def run(stops: list[str], chunks: list[str]) -> tuple[list[str], bool]:
+    matcher = StopStringMatcher(stops)
+    sent = [matcher.feed(chunk) for chunk in chunks]
+    sent.append(matcher.flush())
+    return sent, matcher.stopped
+
+
+@pytest.mark.parametrize(
+    ("stops", "chunks", "expected_text", "stopped"),
+    [
+        ([], ["a", "b\n", "c"], "ab\nc", False),
+        (["END"], ["hello E", "N", "D more"], "hello ", True),
+        (["END"], ["hello E", "N", "x"], "hello ENx", False),
+        (["\n\n"], ["line\n", "\nnext"], "line", True),
+        (["停"], ["你好", "停下"], "你好", True),
+        (["Observation:"], ["Thought: go", "\nObs", "ervation: x"], "Thought: go\n", True),
+        (["ab", "b"], ["xa", "b"], "x", True),
+    ],
+)
+def test_text_is_cut_at_the_first_stop_string(
+    stops: list[str], chunks: list[str], expected_text: str, stopped: bool
+) -> None:
+    sent, was_stopped = run(stops, chunks)
+    assert "".join(sent) == expected_text
+    assert was_stopped is stopped
+
+
+def test_a_possible_stop_prefix_is_held_back_until_resolved() -> None:
+    matcher = StopStringMatcher(["END"])
+    assert matcher.feed("abc EN") == "abc "
+    assert matcher.feed("Z") == "ENZ"

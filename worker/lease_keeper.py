@@ -1,0 +1,82 @@
+"""Background duties of a worker process, on two daemon threads.
+
+- Renew the leases of the jobs it runs, all in one round trip, every third of the lease
+  TTL, and run the lease reaper (ending jobs of dead workers and expired queued jobs).
+  A lease found expired means another process may already have declared the job lost:
+  the runner stops it at its next step.
+- Listen on the cancel channel and flag running jobs for a stop at their next step.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+
+import redis
+
+from shared import keys, scripts
+from shared.script_runner import SyncScripts
+from shared.settings import Settings
+from worker.active_jobs import ActiveJobs, StopReason
+
+log = logging.getLogger(__name__)
+
+_LISTEN_POLL_S = 1.0
+
+
+class LeaseKeeper:
+    def __init__(self, settings: Settings, client: redis.Redis, active: ActiveJobs) -> None:
+        self._settings = settings
+        self._client = client
+        self._scripts = SyncScripts(client)
+        self._active = active
+        self._stopping = threading.Event()
+        self._threads = [
+            threading.Thread(target=self._renew_loop, name="lease-renewal", daemon=True),
+            threading.Thread(target=self._cancel_loop, name="cancel-listener", daemon=True),
+        ]
+
+    def start(self) -> None:
+        for thread in self._threads:
+            thread.start()
+
+    def stop(self) -> None:
+        self._stopping.set()
+        for thread in self._threads:
+            thread.join(timeout=5)
+
+    def renew_once(self) -> None:
+        job_ids = self._active.ids()
+        if job_ids:
+            lost = self._scripts.run(scripts.renew(self._settings, job_ids))
+            for job_id in lost:
+                log.warning("lease of job %s expired before renewal; stopping it", job_id)
+                self._active.request_stop(job_id, StopReason.LEASE_LOST)
+        self._scripts.run(scripts.reap(self._settings))
+
+    def _renew_loop(self) -> None:
+        interval_s = self._settings.lease_ttl_s / 3
+        while not self._stopping.wait(interval_s):
+            try:
+                self.renew_once()
+            except redis.RedisError as exc:
+                log.warning("lease renewal failed, will retry: %s", exc)
+
+    def _cancel_loop(self) -> None:
+        while not self._stopping.is_set():
+            try:
+                self._listen_for_cancels()
+            except redis.RedisError as exc:
+                log.warning("cancel listener lost Redis, reconnecting: %s", exc)
+                self._stopping.wait(_LISTEN_POLL_S)
+
+    def _listen_for_cancels(self) -> None:
+        pubsub = self._client.pubsub(ignore_subscribe_messages=True)
+        try:
+            pubsub.subscribe(keys.cancel_channel())
+            while not self._stopping.is_set():
+                message = pubsub.get_message(timeout=_LISTEN_POLL_S)
+                if message is not None:
+                    self._active.request_stop(str(message["data"]), StopReason.CANCELLED)
+        finally:
+            pubsub.close()

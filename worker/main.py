@@ -1,0 +1,63 @@
+"""`tokenrelay worker`: load the model once, then serve RQ jobs in this process."""
+
+from __future__ import annotations
+
+import logging
+import sys
+import uuid
+
+import redis
+
+from shared.rq_jobs import GENERATE_FUNCTION
+from shared.script_runner import SyncScripts
+from shared.settings import DEMO_MODEL_NAME, Settings
+from worker.active_jobs import ActiveJobs
+from worker.engine import ModelLoadError, TransformersEngine
+from worker.lease_keeper import LeaseKeeper
+from worker.rq_worker import build_worker
+from worker.runner import JobRunner
+
+log = logging.getLogger(__name__)
+
+EXIT_MODEL_UNAVAILABLE = 2
+
+
+def run_worker(settings: Settings, *, demo: bool = False) -> int:
+    """Run until stopped (SIGTERM/SIGINT: finish the current job, then exit 0)."""
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
+    if demo:
+        from worker.demo_model import ensure_demo_model
+
+        settings = settings.model_copy(
+            update={
+                "model": str(ensure_demo_model(settings.cache_dir)),
+                "served_model_name": settings.served_model_name or DEMO_MODEL_NAME,
+            }
+        )
+    try:
+        engine = TransformersEngine(settings.model, settings.device, settings.dtype)
+    except ModelLoadError as exc:
+        print(
+            f"tokenrelay worker: {exc}\n"
+            "Set TOKENRELAY_MODEL to a local model directory or a reachable hub id, "
+            "or run `tokenrelay serve --demo` (or `tokenrelay worker --demo`) for an offline "
+            "demo with a tiny built-in model.",
+            file=sys.stderr,
+        )
+        return EXIT_MODEL_UNAVAILABLE
+    name = f"tokenrelay-{uuid.uuid4().hex[:12]}"
+    connection = redis.Redis.from_url(settings.redis_url)
+    scripts_client = redis.Redis.from_url(settings.redis_url, decode_responses=True)
+    active = ActiveJobs()
+    runner = JobRunner(engine, SyncScripts(scripts_client), settings, name, active)
+    keeper = LeaseKeeper(settings, scripts_client, active)
+    worker = build_worker(connection, name, {GENERATE_FUNCTION: runner.generate})
+    keeper.start()
+    log.info("worker %s serving %s on %s", name, settings.model_id, engine.device)
+    try:
+        worker.work(logging_level="INFO")
+    finally:
+        keeper.stop()
+        scripts_client.close()
+        connection.close()
+    return 0
