@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
 
 import pytest
 import redis
@@ -43,3 +44,10 @@ async def async_redis(redis_url: str) -> AsyncIterator[redis.asyncio.Redis]:
     client = redis.asyncio.Redis.from_url(redis_url, decode_responses=True)
     yield client
     await client.aclose()
+
+
+@pytest.fixture(scope="session")
+def tiny_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    from worker.tiny_model import build_tiny_model
+
+    return build_tiny_model(tmp_path_factory.mktemp("tiny-model"))
