@@ -104,14 +104,17 @@ def _serve(args: argparse.Namespace) -> int:
         worker_cmd = [sys.executable, "-m", "shared.cli", "worker", *(["--demo"] * args.demo)]
         api_cmd = [sys.executable, "-m", "shared.cli", "api", "--host", args.host]
         api_cmd += ["--port", str(args.port)]
-        children = [subprocess.Popen(worker_cmd, env=env), subprocess.Popen(api_cmd, env=env)]
-        stack.callback(_stop_children, children)
+        children = {
+            "worker": subprocess.Popen(worker_cmd, env=env),
+            "api": subprocess.Popen(api_cmd, env=env),
+        }
+        stack.callback(_stop_children, list(children.values()))
         print(f"tokenrelay serve: API on http://{args.host}:{args.port}", flush=True)
         return _wait_for_first_exit(children)
     return 0
 
 
-def _wait_for_first_exit(children: list[subprocess.Popen[bytes]]) -> int:
+def _wait_for_first_exit(children: dict[str, subprocess.Popen[bytes]]) -> int:
     stopping = False
 
     def request_stop(signum: int, frame: FrameType | None) -> None:
@@ -121,10 +124,10 @@ def _wait_for_first_exit(children: list[subprocess.Popen[bytes]]) -> int:
     signal.signal(signal.SIGTERM, request_stop)
     signal.signal(signal.SIGINT, request_stop)
     while not stopping:
-        for child in children:
+        for name, child in children.items():
             code = child.poll()
             if code is not None:
-                print(f"tokenrelay serve: {child.args[3]} exited with {code}", file=sys.stderr)
+                print(f"tokenrelay serve: the {name} exited with {code}", file=sys.stderr)
                 return code or 1
         time.sleep(_CHILD_POLL_S)
     return 0

@@ -99,7 +99,9 @@ def test_streamed_text_equals_final_text_and_usage(
     )
     chunks = list(stream)
     text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
-    finish = [c.choices[0].finish_reason for c in chunks if c.choices and c.choices[0].finish_reason]
+    finish = [
+        c.choices[0].finish_reason for c in chunks if c.choices and c.choices[0].finish_reason
+    ]
     usage = chunks[-1].usage
     assert finish in (["stop"], ["length"])
     assert usage is not None and usage.completion_tokens <= 30
@@ -173,7 +175,12 @@ async def _wait_for_status(http: httpx.AsyncClient, job_ids: list[str], status: 
 
 
 def test_client_disconnect_cancels_the_streaming_job(cluster: Cluster, http: httpx.Client) -> None:
-    body = {"model": MODEL_NAME, "messages": MESSAGES, "max_tokens": LONG_JOB_TOKENS, "stream": True}
+    body = {
+        "model": MODEL_NAME,
+        "messages": MESSAGES,
+        "max_tokens": LONG_JOB_TOKENS,
+        "stream": True,
+    }
     with http.stream("POST", "/v1/chat/completions", json=body) as response:
         assert response.status_code == 200
         lines = response.iter_lines()
@@ -189,14 +196,26 @@ def test_client_disconnect_cancels_the_streaming_job(cluster: Cluster, http: htt
     ("body", "status", "code", "param"),
     [
         ({"model": MODEL_NAME}, 400, "invalid_request_error", "messages"),
-        ({"model": MODEL_NAME, "messages": MESSAGES, "max_tokens": 10**6}, 400,
-         "invalid_request_error", "max_tokens"),
+        (
+            {"model": MODEL_NAME, "messages": MESSAGES, "max_tokens": 10**6},
+            400,
+            "invalid_request_error",
+            "max_tokens",
+        ),
         ({"model": MODEL_NAME, "messages": MESSAGES, "n": 2}, 400, "invalid_request_error", "n"),
-        ({"model": MODEL_NAME, "messages": MESSAGES, "temperature": 5}, 400,
-         "invalid_request_error", "temperature"),
+        (
+            {"model": MODEL_NAME, "messages": MESSAGES, "temperature": 5},
+            400,
+            "invalid_request_error",
+            "temperature",
+        ),
         ({"model": "gpt-4", "messages": MESSAGES}, 404, "model_not_found", "model"),
-        ({"model": MODEL_NAME, "messages": [{"role": "robot", "content": "x"}]}, 400,
-         "invalid_request_error", "messages.0.role"),
+        (
+            {"model": MODEL_NAME, "messages": [{"role": "robot", "content": "x"}]},
+            400,
+            "invalid_request_error",
+            "messages.0.role",
+        ),
     ],
 )
 def test_bad_input_gets_a_clear_4xx(

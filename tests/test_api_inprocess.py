@@ -1,0 +1,87 @@
+"""The API app in-process against a real Redis (no worker): auth, ownership, schema, errors."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import pytest
+from fastapi.testclient import TestClient
+
+from api.app import create_app
+from shared.settings import Settings
+
+MESSAGES = [{"role": "user", "content": "hi"}]
+
+
+@pytest.fixture
+def keyed_client(redis_url: str) -> Iterator[TestClient]:
+    settings = Settings(redis_url=redis_url, api_keys=["key-a", "key-b"], served_model_name="m")
+    with TestClient(create_app(settings)) as client:
+        yield client
+
+
+def bearer(key: str) -> dict[str, str]:
+    return {"Authorization": f"Bearer {key}"}
+
+
+def test_missing_or_wrong_key_is_401_in_openai_shape(keyed_client: TestClient) -> None:
+    for headers in ({}, bearer("nope"), {"Authorization": "Basic a2V5LWE="}):
+        response = keyed_client.get("/v1/models", headers=headers)
+        assert response.status_code == 401
+        assert response.json()["error"]["code"] == "invalid_api_key"
+    assert keyed_client.get("/v1/models", headers=bearer("key-a")).status_code == 200
+
+
+def test_a_key_only_sees_its_own_jobs(keyed_client: TestClient) -> None:
+    body = {"model": "m", "messages": MESSAGES}
+    created = keyed_client.post("/v1/jobs", json=body, headers=bearer("key-a"))
+    assert created.status_code == 202
+    job_id = created.json()["id"]
+    assert created.json()["status"] == "queued"
+    assert keyed_client.get(f"/v1/jobs/{job_id}", headers=bearer("key-a")).status_code == 200
+    for method in ("GET", "DELETE"):
+        other = keyed_client.request(method, f"/v1/jobs/{job_id}", headers=bearer("key-b"))
+        assert other.status_code == 404
+        assert "hi" not in other.text
+    events = keyed_client.get(f"/v1/jobs/{job_id}/events", headers=bearer("key-b"))
+    assert events.status_code == 404
+
+
+def test_api_keys_setting_accepts_a_comma_separated_list(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("TOKENRELAY_API_KEYS", "a, b,,c")
+    assert Settings().api_keys == ["a", "b", "c"]
+
+
+def test_openapi_schema_lists_the_http_surface(redis_url: str) -> None:
+    schema = create_app(Settings(redis_url=redis_url)).openapi()
+    paths = schema["paths"]
+    assert set(paths) == {
+        "/v1/chat/completions",
+        "/v1/models",
+        "/v1/jobs",
+        "/v1/jobs/{job_id}",
+        "/v1/jobs/{job_id}/events",
+        "/healthz",
+        "/readyz",
+    }
+    assert set(paths["/v1/jobs/{job_id}"]) == {"get", "delete"}
+    request_schema = schema["components"]["schemas"]["ChatCompletionRequest"]
+    assert {"model", "messages", "max_tokens", "stream", "stop", "seed"} <= set(
+        request_schema["properties"]
+    )
+    job_schema = schema["components"]["schemas"]["JobRecord"]
+    assert {"id", "status", "text", "usage", "error"} <= set(job_schema["properties"])
+
+
+def test_readyz_is_503_when_redis_is_unreachable() -> None:
+    settings = Settings(redis_url="redis://127.0.0.1:1/0")
+    with TestClient(create_app(settings)) as client:
+        assert client.get("/healthz").status_code == 200
+        response = client.get("/readyz")
+        assert response.status_code == 503
+        assert response.json()["error"]["code"] == "redis_unavailable"
+        chat = client.post(
+            "/v1/chat/completions", json={"model": settings.model_id, "messages": MESSAGES}
+        )
+        assert chat.status_code == 503
+        assert chat.json()["error"]["code"] == "redis_unavailable"
