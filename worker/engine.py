@@ -9,9 +9,12 @@ protocol later.
 from __future__ import annotations
 
 import os
+import socket
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, Protocol
+from urllib.parse import urlparse
 
 from shared.generation import ChatMessage
 
@@ -49,6 +52,9 @@ class Engine(Protocol):
     def new_decoder(self) -> IncrementalDecoder: ...
 
 
+_HUB_PROBE_TIMEOUT_S = 5.0
+
+
 class ModelLoadError(RuntimeError):
     """The configured model could not be loaded."""
 
@@ -77,6 +83,7 @@ class TransformersEngine:
         self.device = device
         if dtype == "auto":
             dtype = "bfloat16" if self.device == "cuda" else "float32"
+        _check_reachable(model_name)
         try:
             self.tokenizer = AutoTokenizer.from_pretrained(model_name)
             model_class: Any = AutoModelForCausalLM
@@ -150,6 +157,38 @@ class TransformersEngine:
             sorted_probs = sorted_probs.masked_fill(outside, 0.0)
             probs = torch.zeros_like(probs).scatter(0, order, sorted_probs)
         return int(torch.multinomial(probs, 1, generator=generator))
+
+
+def _check_reachable(model_name: str) -> None:
+    """Fail in seconds, not after the hub client's minute of retries, when a model that is
+    neither a local directory nor in the Hugging Face cache cannot be downloaded."""
+    if Path(model_name).is_dir():
+        return
+    from huggingface_hub import constants, try_to_load_from_cache
+
+    try:
+        cached = try_to_load_from_cache(model_name, "config.json")
+    except ValueError as exc:
+        raise ModelLoadError(
+            f"could not load model {model_name!r}: not a local directory and not a hub id ({exc})"
+        ) from exc
+    if isinstance(cached, str):
+        return
+    if constants.HF_HUB_OFFLINE:
+        raise ModelLoadError(
+            f"could not load model {model_name!r}: it is not a local directory, not in the "
+            "Hugging Face cache, and HF_HUB_OFFLINE is set"
+        )
+    endpoint = urlparse(constants.ENDPOINT)
+    host = endpoint.hostname or "huggingface.co"
+    port = endpoint.port or (443 if endpoint.scheme == "https" else 80)
+    try:
+        socket.create_connection((host, port), timeout=_HUB_PROBE_TIMEOUT_S).close()
+    except OSError as exc:
+        raise ModelLoadError(
+            f"could not load model {model_name!r}: it is not a local directory, not in the "
+            f"Hugging Face cache, and {host} cannot be reached ({exc})"
+        ) from exc
 
 
 def _random_seed() -> int:

@@ -1,0 +1,35 @@
+"""The `tokenrelay` command as a user runs it."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from tests.cluster import tokenrelay_command
+
+
+@pytest.mark.parametrize("model", ["/nonexistent/model-dir", "Qwen/Qwen2-0.5B-Instruct"])
+def test_worker_with_an_unloadable_model_fails_fast_and_names_demo(
+    model: str, tmp_path: Path
+) -> None:
+    env = dict(os.environ, TOKENRELAY_MODEL=model, HF_HUB_OFFLINE="1", HF_HOME=str(tmp_path))
+    result = subprocess.run(
+        tokenrelay_command("worker"), env=env, capture_output=True, text=True, timeout=60
+    )
+    assert result.returncode == 2
+    assert "--demo" in result.stderr
+    assert model in result.stderr
+    assert "Traceback" not in result.stderr
+
+
+def test_make_tiny_model_writes_a_loadable_checkpoint(tmp_path: Path) -> None:
+    out = tmp_path / "model"
+    result = subprocess.run(
+        tokenrelay_command("make-tiny-model", str(out)), capture_output=True, text=True, timeout=60
+    )
+    assert result.returncode == 0, result.stderr
+    for name in ("config.json", "model.safetensors", "tokenizer.json", "generation_config.json"):
+        assert (out / name).exists()
