@@ -9,6 +9,7 @@ from redis.exceptions import RedisError
 
 from api.state import AppState
 from shared import scripts
+from shared.rq_jobs import fail_lost_jobs
 
 log = logging.getLogger(__name__)
 
@@ -18,6 +19,10 @@ async def reap_forever(state: AppState) -> None:
     while True:
         await asyncio.sleep(interval_s)
         try:
-            await state.scripts.run(scripts.reap(state.settings))
+            lost = await state.scripts.run(scripts.reap(state.settings))
+            if lost:
+                await asyncio.to_thread(
+                    fail_lost_jobs, state.rq_connection, lost, state.settings.result_ttl_s
+                )
         except RedisError as exc:
             log.warning("lease reaping skipped: %s", exc)

@@ -10,6 +10,10 @@ import re
 
 import redis
 from rq import Queue
+from rq.exceptions import NoSuchJobError
+from rq.job import Job
+from rq.job import JobStatus as RQJobStatus
+from rq.registry import FailedJobRegistry, StartedJobRegistry
 from rq.serializers import JSONSerializer
 
 from shared import keys
@@ -18,6 +22,7 @@ from shared.settings import Settings
 
 GENERATE_FUNCTION = "tokenrelay.generate"
 JOB_ID_PATTERN = re.compile(r"^[A-Za-z0-9_-]{1,128}$")
+WORKER_LOST_REASON = "worker_lost: the worker running this job stopped renewing its lease"
 
 
 def generation_queue(connection: redis.Redis) -> Queue:
@@ -42,3 +47,23 @@ def enqueue_generation(
 def remove_queued(connection: redis.Redis, job_id: str) -> None:
     """Take a cancelled job out of its RQ queue (a worker would skip it anyway)."""
     generation_queue(connection).remove(job_id)
+
+
+def fail_lost_jobs(connection: redis.Redis, job_ids: list[str], result_ttl_s: int) -> None:
+    """Move jobs whose worker was declared lost from RQ's started to its failed registry,
+    now rather than at RQ's next maintenance (every 10 minutes by default)."""
+    queue = generation_queue(connection)
+    started = StartedJobRegistry(queue=queue)
+    failed = FailedJobRegistry(queue=queue)
+    for job_id in job_ids:
+        try:
+            job = Job.fetch(job_id, connection=connection, serializer=JSONSerializer)
+        except NoSuchJobError:
+            continue
+        if job.get_status(refresh=False) != RQJobStatus.STARTED:
+            continue
+        with connection.pipeline() as pipe:
+            started.remove_executions(job, pipeline=pipe)
+            job.set_status(RQJobStatus.FAILED, pipeline=pipe)
+            failed.add(job, ttl=result_ttl_s, exc_string=WORKER_LOST_REASON, pipeline=pipe)
+            pipe.execute()

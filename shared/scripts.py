@@ -81,18 +81,20 @@ end
 
 local function reap(now, max)
   local expired = redis.call('ZRANGEBYSCORE', LEASES, '-inf', now, 'LIMIT', 0, max)
+  local lost = {}
   for _, id in ipairs(expired) do
     local current = redis.call('HGET', key(T_HASH, id), 'status')
     if current == 'running' then
       fail(id, 'failed', 'worker_lost',
         'the worker running this job stopped renewing its lease (it died or lost Redis)')
+      table.insert(lost, id)
     elseif current == 'queued' then
       fail(id, 'expired', 'expired',
         'the job was not started within the allowed queue wait; retry later')
     end
     redis.call('ZREM', LEASES, id)
   end
-  return #expired
+  return lost
 end
 """
 
@@ -200,7 +202,8 @@ return current
 REAP = (
     _LIBRARY
     + r"""
--- ARGV[7] the most leases to reap in this call. Returns how many expired leases it found.
+-- ARGV[7] the most leases to reap in this call.
+-- Returns the ids of the running jobs it failed as `worker_lost` (RQ still shows them started).
 return reap(now_ms(), tonumber(ARGV[7]))
 """
 )

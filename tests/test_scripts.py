@@ -87,8 +87,8 @@ def test_reap_marks_a_running_job_worker_lost_exactly_once(
     admit(run, settings, "r")
     assert run.run(scripts.start(settings, "r", "w1", started())) == "running"
     sync_redis.zadd(keys.leases(), {"r": 0})
-    assert run.run(scripts.reap(settings)) == 1
-    assert run.run(scripts.reap(settings)) == 0
+    assert run.run(scripts.reap(settings)) == ["r"]
+    assert run.run(scripts.reap(settings)) == []
     assert sync_redis.hget(keys.job("r"), "status") == "failed"
     assert sync_redis.hget(keys.job("r"), "error_type") == "worker_lost"
     assert [e["type"] for e in log(sync_redis, "r")] == ["started", "error"]

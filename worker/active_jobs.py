@@ -9,6 +9,7 @@ from enum import StrEnum
 class StopReason(StrEnum):
     CANCELLED = "cancelled"
     LEASE_LOST = "lease_lost"
+    SHUTDOWN = "shutdown"
 
 
 class ActiveJobs:
@@ -36,6 +37,11 @@ class ActiveJobs:
         """Ask the runner to stop `job_id` at its next decoding step (if it runs here)."""
         with self._lock:
             if job_id in self._running:
+                self._stops.setdefault(job_id, reason)
+
+    def request_stop_all(self, reason: StopReason) -> None:
+        with self._lock:
+            for job_id in self._running:
                 self._stops.setdefault(job_id, reason)
 
     def stop_reason(self, job_id: str) -> StopReason | None:

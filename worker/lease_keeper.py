@@ -15,6 +15,7 @@ import threading
 import redis
 
 from shared import keys, scripts
+from shared.rq_jobs import fail_lost_jobs
 from shared.script_runner import SyncScripts
 from shared.settings import Settings
 from worker.active_jobs import ActiveJobs, StopReason
@@ -25,9 +26,16 @@ _LISTEN_POLL_S = 1.0
 
 
 class LeaseKeeper:
-    def __init__(self, settings: Settings, client: redis.Redis, active: ActiveJobs) -> None:
+    def __init__(
+        self,
+        settings: Settings,
+        client: redis.Redis,
+        rq_connection: redis.Redis,
+        active: ActiveJobs,
+    ) -> None:
         self._settings = settings
         self._client = client
+        self._rq_connection = rq_connection
         self._scripts = SyncScripts(client)
         self._active = active
         self._stopping = threading.Event()
@@ -52,7 +60,9 @@ class LeaseKeeper:
             for job_id in lost:
                 log.warning("lease of job %s expired before renewal; stopping it", job_id)
                 self._active.request_stop(job_id, StopReason.LEASE_LOST)
-        self._scripts.run(scripts.reap(self._settings))
+        lost = self._scripts.run(scripts.reap(self._settings))
+        if lost:
+            fail_lost_jobs(self._rq_connection, lost, self._settings.result_ttl_s)
 
     def _renew_loop(self) -> None:
         interval_s = self._settings.lease_ttl_s / 3

@@ -4,14 +4,17 @@ from __future__ import annotations
 
 import logging
 import sys
+import threading
+import time
 import uuid
 
 import redis
+from rq.exceptions import StopRequested
 
 from shared.rq_jobs import GENERATE_FUNCTION
 from shared.script_runner import SyncScripts
 from shared.settings import DEMO_MODEL_NAME, Settings
-from worker.active_jobs import ActiveJobs
+from worker.active_jobs import ActiveJobs, StopReason
 from worker.engine import ModelLoadError, TransformersEngine
 from worker.lease_keeper import LeaseKeeper
 from worker.rq_worker import build_worker
@@ -20,6 +23,7 @@ from worker.runner import JobRunner
 log = logging.getLogger(__name__)
 
 EXIT_MODEL_UNAVAILABLE = 2
+_RECONNECT_BACKOFF_S = 1.0
 
 
 def run_worker(settings: Settings, *, demo: bool = False) -> int:
@@ -50,13 +54,31 @@ def run_worker(settings: Settings, *, demo: bool = False) -> int:
     scripts_client = redis.Redis.from_url(settings.redis_url, decode_responses=True)
     active = ActiveJobs()
     runner = JobRunner(engine, SyncScripts(scripts_client), settings, name, active)
-    keeper = LeaseKeeper(settings, scripts_client, active)
-    worker = build_worker(connection, name, {GENERATE_FUNCTION: runner.generate})
+    keeper = LeaseKeeper(settings, scripts_client, connection, active)
+    drain = threading.Timer(
+        settings.worker_drain_s, active.request_stop_all, args=(StopReason.SHUTDOWN,)
+    )
+    drain.daemon = True
     keeper.start()
     log.info("worker %s serving %s on %s", name, settings.model_id, engine.device)
     try:
-        worker.work(logging_level="INFO")
+        while True:
+            worker = build_worker(
+                connection,
+                name,
+                {GENERATE_FUNCTION: runner.generate},
+                on_stop_requested=drain.start,
+            )
+            try:
+                worker.work(logging_level="INFO")
+                break
+            except (redis.ConnectionError, redis.TimeoutError) as exc:
+                log.warning("lost Redis (%s); reconnecting in %.1fs", exc, _RECONNECT_BACKOFF_S)
+                time.sleep(_RECONNECT_BACKOFF_S)
+    except StopRequested:
+        log.info("stop requested while reconnecting")
     finally:
+        drain.cancel()
         keeper.stop()
         scripts_client.close()
         connection.close()

@@ -33,13 +33,30 @@ def allow_listed_job_class(functions: Mapping[str, Callable[..., Any]]) -> type[
     return AllowListedJob
 
 
+class DrainingWorker(SimpleWorker):
+    """On SIGTERM/SIGINT RQ stops dequeuing and lets the running job finish (warm shutdown);
+    this also calls `on_stop_requested`, which bounds that wait (the drain period)."""
+
+    def __init__(self, *args: Any, on_stop_requested: Callable[[], None], **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._on_stop_requested = on_stop_requested
+
+    def request_stop(self, signum: Any, frame: Any) -> None:
+        self._on_stop_requested()
+        super().request_stop(signum, frame)
+
+
 def build_worker(
-    connection: redis.Redis, name: str, functions: Mapping[str, Callable[..., Any]]
+    connection: redis.Redis,
+    name: str,
+    functions: Mapping[str, Callable[..., Any]],
+    on_stop_requested: Callable[[], None] = lambda: None,
 ) -> SimpleWorker:
-    return SimpleWorker(
+    return DrainingWorker(
         [generation_queue(connection)],
         name=name,
         connection=connection,
         serializer=JSONSerializer,
         job_class=allow_listed_job_class(functions),
+        on_stop_requested=on_stop_requested,
     )

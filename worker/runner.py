@@ -172,6 +172,13 @@ _STOPPED: dict[StopReason, tuple[JobStatus, Error]] = {
             message="the worker lost this job's lease (Redis unreachable for too long)",
         ),
     ),
+    StopReason.SHUTDOWN: (
+        JobStatus.FAILED,
+        Error(
+            error_type="worker_lost",
+            message="the worker shut down and its drain period ran out before the job finished",
+        ),
+    ),
 }
 
 
