@@ -48,6 +48,7 @@ class ChatCompletionRequest(BaseModel):
     messages: list[InputMessage] = Field(min_length=1)
     max_tokens: int | None = Field(default=None, ge=1)
     max_completion_tokens: int | None = Field(default=None, ge=1)
+    min_tokens: int = Field(default=0, ge=0)
     temperature: float | None = Field(default=None, ge=0.0, le=2.0)
     top_p: float | None = Field(default=None, gt=0.0, le=1.0)
     stop: str | list[str] | None = None
@@ -74,6 +75,11 @@ class ChatCompletionRequest(BaseModel):
                 f"`max_tokens` must be <= {settings.max_tokens_limit}, got {max_tokens}",
                 param="max_tokens",
             )
+        if self.min_tokens > max_tokens:
+            raise InvalidRequest(
+                f"`min_tokens` must be <= `max_tokens` ({max_tokens}), got {self.min_tokens}",
+                param="min_tokens",
+            )
         stops = [self.stop] if isinstance(self.stop, str) else list(self.stop or [])
         if len(stops) > MAX_STOP_STRINGS:
             raise InvalidRequest(
@@ -88,6 +94,7 @@ class ChatCompletionRequest(BaseModel):
                 for m in self.messages
             ),
             max_tokens=max_tokens,
+            min_tokens=self.min_tokens,
             temperature=self.temperature,
             top_p=self.top_p,
             stop=tuple(stops),

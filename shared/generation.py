@@ -18,7 +18,8 @@ class GenerationRequest(BaseModel):
     """One generation, already checked against the settings' bounds.
 
     `temperature` and `top_p` left `None` take the model's generation defaults;
-    `temperature == 0` means greedy decoding.
+    `temperature == 0` means greedy decoding; end-of-sequence is suppressed until
+    `min_tokens` tokens were generated (vLLM's extension of the OpenAI API).
     """
 
     model_config = ConfigDict(frozen=True)
@@ -26,6 +27,7 @@ class GenerationRequest(BaseModel):
     model: str
     messages: tuple[ChatMessage, ...]
     max_tokens: int
+    min_tokens: int = 0
     temperature: float | None = None
     top_p: float | None = None
     stop: tuple[str, ...] = ()

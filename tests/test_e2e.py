@@ -141,7 +141,12 @@ def test_late_subscriber_receives_every_event_from_seq_0(http: httpx.Client) -> 
 
 
 async def test_admission_limit_and_cancel_of_queued_and_running_jobs(cluster: Cluster) -> None:
-    body = {"model": MODEL_NAME, "messages": MESSAGES, "max_tokens": LONG_JOB_TOKENS}
+    body = {
+        "model": MODEL_NAME,
+        "messages": MESSAGES,
+        "max_tokens": LONG_JOB_TOKENS,
+        "min_tokens": LONG_JOB_TOKENS,
+    }
     async with httpx.AsyncClient(base_url=cluster.base_url, timeout=30) as http:
         responses = await asyncio.gather(*(http.post("/v1/jobs", json=body) for _ in range(6)))
         admitted = [r for r in responses if r.status_code == 202]
@@ -179,6 +184,7 @@ def test_client_disconnect_cancels_the_streaming_job(cluster: Cluster, http: htt
         "model": MODEL_NAME,
         "messages": MESSAGES,
         "max_tokens": LONG_JOB_TOKENS,
+        "min_tokens": LONG_JOB_TOKENS,
         "stream": True,
     }
     with http.stream("POST", "/v1/chat/completions", json=body) as response:
@@ -210,6 +216,12 @@ def test_client_disconnect_cancels_the_streaming_job(cluster: Cluster, http: htt
             "temperature",
         ),
         ({"model": "gpt-4", "messages": MESSAGES}, 404, "model_not_found", "model"),
+        (
+            {"model": MODEL_NAME, "messages": MESSAGES, "max_tokens": 5, "min_tokens": 6},
+            400,
+            "invalid_request_error",
+            "min_tokens",
+        ),
         (
             {"model": MODEL_NAME, "messages": [{"role": "robot", "content": "x"}]},
             400,

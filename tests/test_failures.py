@@ -24,7 +24,12 @@ from tests.cluster import MODEL_NAME, Cluster
 pytestmark = pytest.mark.e2e
 
 LEASE_TTL_S = 2
-LONG = {"model": MODEL_NAME, "messages": [{"role": "user", "content": "go"}], "max_tokens": 1800}
+LONG = {
+    "model": MODEL_NAME,
+    "messages": [{"role": "user", "content": "go"}],
+    "max_tokens": 1800,
+    "min_tokens": 1800,
+}
 SHORT = {"model": MODEL_NAME, "messages": [{"role": "user", "content": "go"}], "max_tokens": 8}
 
 
@@ -35,9 +40,7 @@ def redis_server() -> Iterator[EmbeddedRedis]:  # type: ignore[override]
 
 
 @pytest.fixture
-def cluster(
-    redis_server: EmbeddedRedis, tiny_model_dir: Path, tmp_path: Path
-) -> Iterator[Cluster]:
+def cluster(redis_server: EmbeddedRedis, tiny_model_dir: Path, tmp_path: Path) -> Iterator[Cluster]:
     cluster = Cluster(
         redis_url=redis_server.url,
         model_dir=tiny_model_dir,
@@ -150,7 +153,9 @@ def test_redis_restart_gives_503_then_recovers_without_restarts(
     cluster.start_worker()
     cluster.start_api()
     with httpx.Client(base_url=cluster.base_url, timeout=30) as http:
-        assert read_events(http, http.post("/v1/jobs", json=SHORT).json()["id"])[-1]["type"] == "done"
+        assert (
+            read_events(http, http.post("/v1/jobs", json=SHORT).json()["id"])[-1]["type"] == "done"
+        )
         redis_server.stop()
         assert http.get("/readyz").status_code == 503
         started = time.monotonic()

@@ -21,9 +21,11 @@ from shared.generation import ChatMessage
 
 @dataclass(frozen=True)
 class SamplingParams:
-    """Per-job sampling. `temperature == 0` is greedy; `top_k == 0` disables top-k."""
+    """Per-job sampling. `temperature == 0` is greedy; `top_k == 0` disables top-k;
+    end-of-sequence cannot be sampled before `min_tokens` tokens."""
 
     max_tokens: int
+    min_tokens: int
     temperature: float
     top_p: float
     top_k: int
@@ -97,6 +99,7 @@ class TransformersEngine:
         eos = generation.eos_token_id
         eos_ids = eos if isinstance(eos, list) else [eos]
         self._eos_ids = frozenset(int(i) for i in eos_ids if i is not None)
+        self._eos_index = torch.tensor(sorted(self._eos_ids), device=self.device)
         sampling = bool(generation.do_sample)
         self._defaults = (
             float(generation.temperature or 1.0) if sampling else 0.0,
@@ -129,7 +132,10 @@ class TransformersEngine:
             for produced in range(params.max_tokens):
                 if should_stop():
                     return
-                token = self._sample(output.logits[0, -1, :], params, generator)
+                logits = output.logits[0, -1, :]
+                if produced < params.min_tokens:
+                    logits = logits.index_fill(0, self._eos_index, float("-inf"))
+                token = self._sample(logits, params, generator)
                 if token in self._eos_ids:
                     return
                 yield token

@@ -90,6 +90,7 @@ class JobRunner:
         temperature, top_p, top_k = self._engine.sampling_defaults()
         return SamplingParams(
             max_tokens=request.max_tokens,
+            min_tokens=request.min_tokens,
             temperature=request.temperature if request.temperature is not None else temperature,
             top_p=request.top_p if request.top_p is not None else top_p,
             top_k=top_k,
