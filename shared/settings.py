@@ -31,13 +31,17 @@ class Settings(BaseSettings):
     result_ttl_s: int = Field(default=3600, ge=1)
     event_log_maxlen: int = Field(default=20_000, ge=100)
     sse_ping_s: float = Field(default=15.0, gt=0)
+    max_request_bytes: int = Field(default=1_048_576, ge=1)
     api_keys: Annotated[list[str], NoDecode] = Field(default_factory=list)
+    admin_api_keys: Annotated[list[str], NoDecode] = Field(default_factory=list)
     worker_drain_s: float = Field(default=60.0, ge=0)
+    worker_concurrency: int = Field(default=8, ge=1)
+    worker_max_batch_tokens: int = Field(default=32_768, ge=16)
     cache_dir: str = "~/.cache/tokenrelay"
     device: Literal["auto", "cpu", "cuda"] = "auto"
     dtype: Literal["auto", "float32", "bfloat16", "float16"] = "auto"
 
-    @field_validator("api_keys", mode="before")
+    @field_validator("api_keys", "admin_api_keys", mode="before")
     @classmethod
     def _split_api_keys(cls, value: object) -> object:
         if isinstance(value, str):

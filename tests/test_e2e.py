@@ -30,7 +30,11 @@ def cluster(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> I
             redis_url=server.url,
             model_dir=tiny_model_dir,
             log_dir=tmp_path_factory.mktemp("logs"),
-            settings={"TOKENRELAY_MAX_INFLIGHT": "2", "TOKENRELAY_LEASE_TTL_S": "3"},
+            settings={
+                "TOKENRELAY_MAX_INFLIGHT": "2",
+                "TOKENRELAY_LEASE_TTL_S": "3",
+                "TOKENRELAY_WORKER_CONCURRENCY": "1",
+            },
         )
         try:
             cluster.start_worker()

@@ -45,7 +45,11 @@ def cluster(redis_server: EmbeddedRedis, tiny_model_dir: Path, tmp_path: Path) -
         redis_url=redis_server.url,
         model_dir=tiny_model_dir,
         log_dir=tmp_path,
-        settings={"TOKENRELAY_LEASE_TTL_S": str(LEASE_TTL_S), "TOKENRELAY_MAX_QUEUE_WAIT_S": "60"},
+        settings={
+            "TOKENRELAY_LEASE_TTL_S": str(LEASE_TTL_S),
+            "TOKENRELAY_MAX_QUEUE_WAIT_S": "60",
+            "TOKENRELAY_WORKER_CONCURRENCY": "1",
+        },
     )
     try:
         yield cluster

@@ -1,10 +1,12 @@
-"""The job runner with a scripted engine (no model) and a real Redis."""
+"""Job runner + batcher with a scripted engine (no model) and a real Redis."""
 
 from __future__ import annotations
 
 import codecs
 import json
+import threading
 from collections.abc import Callable, Iterator, Sequence
+from typing import Any
 
 import pytest
 import redis
@@ -12,9 +14,11 @@ import redis
 from shared import keys, scripts
 from shared.generation import ChatMessage, GenerationRequest
 from shared.script_runner import SyncScripts
+from shared.scripts import ScriptCall
 from shared.settings import Settings
 from worker.active_jobs import ActiveJobs, StopReason
-from worker.engine import SamplingParams
+from worker.batcher import Batcher
+from worker.engine import SamplingParams, TokenOutput
 from worker.runner import JobRunner
 
 
@@ -29,11 +33,17 @@ class ByteDecoder:
 
 
 class ScriptedEngine:
-    max_context_tokens = 64
+    """Each sequence 'generates' the UTF-8 bytes of the text its prompt names, then EOS."""
 
-    def __init__(self, text: str, on_step: Callable[[int], None] = lambda _: None) -> None:
-        self._tokens = list(text.encode())
+    max_context_tokens = 64
+    device = "cpu"
+
+    def __init__(self, texts: dict[str, str], on_step: Callable[[int], None] = lambda _: None):
+        self._texts = texts
         self._on_step = on_step
+        self._rows: dict[str, tuple[list[int], SamplingParams]] = {}
+        self.steps = 0
+        self.batch_sizes: list[int] = []
         self.seen: SamplingParams | None = None
 
     def encode_chat(self, messages: Sequence[ChatMessage]) -> list[int]:
@@ -45,45 +55,91 @@ class ScriptedEngine:
     def new_decoder(self) -> ByteDecoder:
         return ByteDecoder()
 
-    def generate(
-        self, prompt_ids: list[int], params: SamplingParams, should_stop: Callable[[], bool]
-    ) -> Iterator[int]:
+    def add(self, seq_id: str, prompt_ids: list[int], params: SamplingParams) -> None:
         self.seen = params
-        for step, token in enumerate(self._tokens[: params.max_tokens]):
-            if should_stop():
-                return
-            self._on_step(step)
-            yield token
+        self._rows[seq_id] = (list(self._texts[seq_id].encode()), params)
+
+    def remove(self, seq_id: str) -> None:
+        self._rows.pop(seq_id, None)
+
+    def step(self) -> list[TokenOutput]:
+        self._on_step(self.steps)
+        self.steps += 1
+        self.batch_sizes.append(len(self._rows))
+        outputs = []
+        for seq_id, (tokens, params) in list(self._rows.items()):
+            produced = len(self._texts[seq_id].encode()) - len(tokens)
+            if not tokens:
+                outputs.append(TokenOutput(seq_id, None, "stop"))
+                del self._rows[seq_id]
+                continue
+            token = tokens.pop(0)
+            done = produced + 1 >= params.max_tokens
+            outputs.append(TokenOutput(seq_id, token, "length" if done else None))
+            if done:
+                del self._rows[seq_id]
+        return outputs
+
+
+class CountingScripts(SyncScripts):
+    def __init__(self, client: redis.Redis) -> None:
+        super().__init__(client)
+        self.emits: list[int] = []
+
+    def run(self, call: ScriptCall) -> Any:
+        if call.source == scripts.EMIT:
+            self.emits.append((len(call.args) - 6) // 3)
+        return super().run(call)
 
 
 def request(max_tokens: int = 50, stop: tuple[str, ...] = ()) -> dict[str, object]:
     messages = (ChatMessage(role="user", content="x"),)
-    return GenerationRequest(
-        model="m", messages=messages, max_tokens=max_tokens, stop=stop
-    ).model_dump(mode="json")
+    body = GenerationRequest(model="m", messages=messages, max_tokens=max_tokens, stop=stop)
+    return body.model_dump(mode="json")
 
 
 @pytest.fixture
-def runner_parts(settings: Settings, sync_redis: redis.Redis) -> tuple[SyncScripts, ActiveJobs]:
-    return SyncScripts(sync_redis), ActiveJobs()
+def parts(settings: Settings, sync_redis: redis.Redis) -> tuple[CountingScripts, ActiveJobs]:
+    return CountingScripts(sync_redis), ActiveJobs()
+
+
+@pytest.fixture
+def runner_for(
+    settings: Settings, parts: tuple[CountingScripts, ActiveJobs]
+) -> Iterator[Callable[[ScriptedEngine], JobRunner]]:
+    run, active = parts
+    batchers: list[Batcher] = []
+
+    def make(engine: ScriptedEngine) -> JobRunner:
+        batcher = Batcher(engine, run, settings, active)
+        batcher.start()
+        batchers.append(batcher)
+        return JobRunner(engine, batcher, run, settings, "w", active)
+
+    yield make
+    for batcher in batchers:
+        batcher.stop()
 
 
 def admit(run: SyncScripts, settings: Settings, job_id: str) -> None:
     scripts.check_admitted(run.run(scripts.admit(settings, job_id, "o", "m")))
 
 
-def events(sync_redis: redis.Redis, job_id: str) -> list[dict[str, object]]:
+def events(sync_redis: redis.Redis, job_id: str) -> list[dict[str, Any]]:
     return [json.loads(f["e"]) for _, f in sync_redis.xrange(keys.job_events(job_id))]
 
 
 def test_multibyte_characters_are_never_split_and_usage_counts_tokens(
-    settings: Settings, sync_redis: redis.Redis, runner_parts: tuple[SyncScripts, ActiveJobs]
+    settings: Settings,
+    sync_redis: redis.Redis,
+    parts: tuple[CountingScripts, ActiveJobs],
+    runner_for: Any,
 ) -> None:
-    run, active = runner_parts
+    run, _ = parts
     text = "你好🚀\r\nok"
-    engine = ScriptedEngine(text)
+    engine = ScriptedEngine({"j": text})
     admit(run, settings, "j")
-    JobRunner(engine, run, settings, "w", active).generate("j", request())
+    runner_for(engine).generate("j", request())
     log = events(sync_redis, "j")
     chunks = [e["text"] for e in log if e["type"] == "token"]
     assert "".join(chunks) == text
@@ -95,60 +151,97 @@ def test_multibyte_characters_are_never_split_and_usage_counts_tokens(
 
 
 def test_max_tokens_gives_finish_reason_length(
-    settings: Settings, sync_redis: redis.Redis, runner_parts: tuple[SyncScripts, ActiveJobs]
+    settings: Settings,
+    sync_redis: redis.Redis,
+    parts: tuple[CountingScripts, ActiveJobs],
+    runner_for: Any,
 ) -> None:
-    run, active = runner_parts
+    run, _ = parts
     admit(run, settings, "j")
-    JobRunner(ScriptedEngine("abcdefgh"), run, settings, "w", active).generate(
-        "j", request(max_tokens=3)
-    )
-    log = events(sync_redis, "j")
-    assert log[-1]["finish_reason"] == "length"
+    runner_for(ScriptedEngine({"j": "abcdefgh"})).generate("j", request(max_tokens=3))
+    assert events(sync_redis, "j")[-1]["finish_reason"] == "length"
     assert sync_redis.get(keys.job_text("j")) == "abc"
 
 
 def test_stop_string_ends_the_run_with_stop(
-    settings: Settings, sync_redis: redis.Redis, runner_parts: tuple[SyncScripts, ActiveJobs]
+    settings: Settings,
+    sync_redis: redis.Redis,
+    parts: tuple[CountingScripts, ActiveJobs],
+    runner_for: Any,
 ) -> None:
-    run, active = runner_parts
+    run, _ = parts
     admit(run, settings, "j")
-    engine = ScriptedEngine("Thought: x\nObservation: y")
-    JobRunner(engine, run, settings, "w", active).generate("j", request(stop=("Observation:",)))
+    engine = ScriptedEngine({"j": "Thought: x\nObservation: y"})
+    runner_for(engine).generate("j", request(stop=("Observation:",)))
     assert sync_redis.get(keys.job_text("j")) == "Thought: x\n"
     assert events(sync_redis, "j")[-1]["finish_reason"] == "stop"
-    assert sync_redis.hget(keys.job("j"), "completion_tokens") == str(
-        len("Thought: x\nObservation:")
-    )
+    expected = str(len("Thought: x\nObservation:"))
+    assert sync_redis.hget(keys.job("j"), "completion_tokens") == expected
 
 
 def test_cancel_stops_at_the_next_step(
-    settings: Settings, sync_redis: redis.Redis, runner_parts: tuple[SyncScripts, ActiveJobs]
+    settings: Settings,
+    sync_redis: redis.Redis,
+    parts: tuple[CountingScripts, ActiveJobs],
+    runner_for: Any,
 ) -> None:
-    run, active = runner_parts
+    run, active = parts
     admit(run, settings, "j")
 
     def cancel_at_step(step: int) -> None:
-        if step == 3:
+        if step == 4:
             assert run.run(scripts.cancel(settings, "j")) == "cancelling"
             active.request_stop("j", StopReason.CANCELLED)
 
-    engine = ScriptedEngine("abcdefghij", on_step=cancel_at_step)
-    outcome = JobRunner(engine, run, settings, "w", active).generate("j", request())
+    engine = ScriptedEngine({"j": "abcdefghij"}, on_step=cancel_at_step)
+    outcome = runner_for(engine).generate("j", request())
     assert outcome == {"status": "cancelled"}
-    assert sync_redis.get(keys.job_text("j")) == "abcd"
+    # Requested during step 4 (which still yields "e"); step 5 never runs for this job.
+    assert sync_redis.get(keys.job_text("j")) == "abcde"
     assert sync_redis.hget(keys.job("j"), "status") == "cancelled"
     assert sync_redis.zcard(keys.leases()) == 0
     assert active.ids() == []
 
 
 def test_context_overflow_fails_the_job_with_a_clear_error(
-    settings: Settings, sync_redis: redis.Redis, runner_parts: tuple[SyncScripts, ActiveJobs]
+    settings: Settings,
+    sync_redis: redis.Redis,
+    parts: tuple[CountingScripts, ActiveJobs],
+    runner_for: Any,
 ) -> None:
-    run, active = runner_parts
+    run, _ = parts
     admit(run, settings, "j")
     with pytest.raises(Exception, match="maximum context length is 64"):
-        JobRunner(ScriptedEngine("a"), run, settings, "w", active).generate(
-            "j", request(max_tokens=62)
-        )
+        runner_for(ScriptedEngine({"j": "a"})).generate("j", request(max_tokens=62))
     assert sync_redis.hget(keys.job("j"), "error_type") == "context_length_exceeded"
     assert sync_redis.zcard(keys.leases()) == 0
+
+
+def test_jobs_share_steps_and_each_step_is_one_round_trip(
+    redis_url: str,
+    sync_redis: redis.Redis,
+    parts: tuple[CountingScripts, ActiveJobs],
+    runner_for: Any,
+) -> None:
+    run, _ = parts
+    settings = Settings(redis_url=redis_url, max_inflight=8)
+    texts = {f"j{i}": "x" * (10 + 5 * i) for i in range(4)}
+    for job_id in texts:
+        admit(run, settings, job_id)
+    release = threading.Event()
+    engine = ScriptedEngine(texts, on_step=lambda step: release.wait(5) if step == 0 else None)
+    runner = runner_for(engine)
+    threads = [
+        threading.Thread(target=runner.generate, args=(job_id, request())) for job_id in texts
+    ]
+    for thread in threads:
+        thread.start()
+    release.set()
+    for thread in threads:
+        thread.join(timeout=30)
+    for job_id, text in texts.items():
+        assert sync_redis.get(keys.job_text(job_id)) == text
+        assert sync_redis.hget(keys.job(job_id), "status") == "succeeded"
+    assert max(engine.batch_sizes) == 4
+    assert len(run.emits) <= engine.steps
+    assert max(run.emits) == 4

@@ -15,10 +15,12 @@ from shared.rq_jobs import GENERATE_FUNCTION
 from shared.script_runner import SyncScripts
 from shared.settings import DEMO_MODEL_NAME, Settings
 from worker.active_jobs import ActiveJobs, StopReason
-from worker.engine import ModelLoadError, TransformersEngine
+from worker.batcher import Batcher
+from worker.engine import ModelLoadError
 from worker.lease_keeper import LeaseKeeper
 from worker.rq_worker import build_worker
 from worker.runner import JobRunner
+from worker.transformers_engine import TransformersEngine
 
 log = logging.getLogger(__name__)
 
@@ -53,20 +55,30 @@ def run_worker(settings: Settings, *, demo: bool = False) -> int:
     connection = redis.Redis.from_url(settings.redis_url)
     scripts_client = redis.Redis.from_url(settings.redis_url, decode_responses=True)
     active = ActiveJobs()
-    runner = JobRunner(engine, SyncScripts(scripts_client), settings, name, active)
+    redis_scripts = SyncScripts(scripts_client)
+    batcher = Batcher(engine, redis_scripts, settings, active)
+    runner = JobRunner(engine, batcher, redis_scripts, settings, name, active)
     keeper = LeaseKeeper(settings, scripts_client, connection, active)
     drain = threading.Timer(
         settings.worker_drain_s, active.request_stop_all, args=(StopReason.SHUTDOWN,)
     )
     drain.daemon = True
     keeper.start()
-    log.info("worker %s serving %s on %s", name, settings.model_id, engine.device)
+    batcher.start()
+    log.info(
+        "worker %s serving %s on %s, up to %d jobs at once",
+        name,
+        settings.model_id,
+        engine.device,
+        settings.worker_concurrency,
+    )
     try:
         while True:
             worker = build_worker(
                 connection,
                 name,
                 {GENERATE_FUNCTION: runner.generate},
+                concurrency=settings.worker_concurrency,
                 on_stop_requested=drain.start,
             )
             try:
@@ -79,6 +91,7 @@ def run_worker(settings: Settings, *, demo: bool = False) -> int:
         log.info("stop requested while reconnecting")
     finally:
         drain.cancel()
+        batcher.stop()
         keeper.stop()
         scripts_client.close()
         connection.close()

@@ -1,18 +1,31 @@
-"""tokenrelay's RQ worker: runs jobs in this process (the model stays loaded; never forks)
-and only runs allow-listed job functions, whatever a job hash in Redis names.
+"""tokenrelay's RQ worker: one process, the model loaded once (never forks), up to
+`concurrency` jobs executing at once, and only allow-listed job functions.
+
+RQ 3.0 tracks a set of executions per worker; `ConcurrentWorker` runs each dequeued job's
+execution on its own thread (the job function hands the job to the batcher and waits), so
+RQ's registries, `rq info` and the worker's state tell the truth while N jobs run. RQ
+internals relied on (pinned by `rq==3.0.0`, covered by tests/test_rq_worker.py):
+`dequeue_job_and_maintain_ttl`, `prepare_execution`, `perform_job`, `set_state`,
+`request_stop`/`_stop_requested`, `teardown`, `executions`, `TimerDeathPenalty`.
 """
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Callable, Mapping
 from typing import Any
 
 import redis
+from rq.exceptions import StopRequested
 from rq.job import Job
+from rq.queue import Queue
 from rq.serializers import JSONSerializer
-from rq.worker import SimpleWorker
+from rq.timeouts import TimerDeathPenalty
+from rq.worker import SimpleWorker, WorkerStatus
 
 from shared.rq_jobs import generation_queue
+
+_SLOT_WAIT_S = 5.0
 
 
 class UnknownJobFunction(Exception):
@@ -33,30 +46,97 @@ def allow_listed_job_class(functions: Mapping[str, Callable[..., Any]]) -> type[
     return AllowListedJob
 
 
-class DrainingWorker(SimpleWorker):
-    """On SIGTERM/SIGINT RQ stops dequeuing and lets the running job finish (warm shutdown);
-    this also calls `on_stop_requested`, which bounds that wait (the drain period)."""
+class ConcurrentWorker(SimpleWorker):
+    """Executes up to `concurrency` jobs at once, each on its own thread.
 
-    def __init__(self, *args: Any, on_stop_requested: Callable[[], None], **kwargs: Any) -> None:
+    A slot is taken before dequeuing, so a full worker leaves jobs in Redis for other
+    workers. On SIGTERM/SIGINT it stops dequeuing, calls `on_stop_requested` (which bounds
+    the drain), and waits for its running jobs before it deregisters.
+    """
+
+    death_penalty_class = TimerDeathPenalty
+
+    def __init__(
+        self,
+        *args: Any,
+        concurrency: int,
+        on_stop_requested: Callable[[], None],
+        **kwargs: Any,
+    ) -> None:
         super().__init__(*args, **kwargs)
+        self._slots = threading.BoundedSemaphore(concurrency)
+        self._job_threads: set[threading.Thread] = set()
         self._on_stop_requested = on_stop_requested
+        self._dequeuing = False
+
+    def dequeue_job_and_maintain_ttl(
+        self, timeout: int | None, max_idle_time: int | None = None
+    ) -> tuple[Job, Queue] | None:
+        while not self._slots.acquire(timeout=_SLOT_WAIT_S):
+            self.heartbeat()
+        if self._stop_requested:
+            self._slots.release()
+            raise StopRequested()
+        self._dequeuing = True
+        try:
+            result = super().dequeue_job_and_maintain_ttl(timeout, max_idle_time)
+        except BaseException:
+            self._slots.release()
+            raise
+        finally:
+            self._dequeuing = False
+        if result is None:
+            self._slots.release()
+        return result
+
+    def execute_job(self, job: Job, queue: Queue) -> None:
+        execution = self.prepare_execution(job)
+        thread = threading.Thread(
+            target=self._perform, args=(job, queue, execution), name=f"job-{job.id}", daemon=True
+        )
+        self._job_threads.add(thread)
+        thread.start()
+
+    def _perform(self, job: Job, queue: Queue, execution: Any) -> None:
+        try:
+            self.perform_job(job, queue, execution)
+        finally:
+            self._job_threads.discard(threading.current_thread())
+            self._slots.release()
+            if not self.executions:
+                self.set_state(WorkerStatus.IDLE)
+
+    def set_state(self, state: str, pipeline: Any = None) -> None:
+        if state == WorkerStatus.IDLE and self.executions:
+            state = WorkerStatus.BUSY
+        super().set_state(state, pipeline=pipeline)
 
     def request_stop(self, signum: Any, frame: Any) -> None:
         self._on_stop_requested()
         super().request_stop(signum, frame)
+        if self._dequeuing:
+            raise StopRequested()
+
+    def teardown(self) -> None:
+        for thread in list(self._job_threads):
+            thread.join()
+        super().teardown()
 
 
 def build_worker(
     connection: redis.Redis,
     name: str,
     functions: Mapping[str, Callable[..., Any]],
+    *,
+    concurrency: int = 1,
     on_stop_requested: Callable[[], None] = lambda: None,
-) -> SimpleWorker:
-    return DrainingWorker(
+) -> ConcurrentWorker:
+    return ConcurrentWorker(
         [generation_queue(connection)],
         name=name,
         connection=connection,
         serializer=JSONSerializer,
         job_class=allow_listed_job_class(functions),
+        concurrency=concurrency,
         on_stop_requested=on_stop_requested,
     )

@@ -1,30 +1,26 @@
-"""Run one generation job: take it over, decode, stream its events, end it exactly once."""
+"""Run one generation job on a job thread: take it over, hand it to the batcher, wait for
+it to leave the batch, end it exactly once."""
 
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Any
 
 from shared import scripts
 from shared.errors import ContextLengthExceeded, GenerationFailed, TokenrelayError
-from shared.events import Done, Error, Started, TokenChunk, Usage
+from shared.events import Done, Error, Started, Usage
 from shared.generation import GenerationRequest
 from shared.jobs import JobStatus
 from shared.script_runner import SyncScripts
 from shared.settings import Settings
 from worker.active_jobs import ActiveJobs, StopReason
+from worker.batcher import Batcher, BatchJob
 from worker.engine import Engine, SamplingParams
 from worker.stop_strings import StopStringMatcher
 
 log = logging.getLogger(__name__)
 
-
-@dataclass
-class _Progress:
-    completion_tokens: int = 0
-    unsent_tokens: int = 0
-    hit_stop_string: bool = False
+_WAIT_SLICE_S = 0.25
 
 
 class JobRunner:
@@ -33,12 +29,14 @@ class JobRunner:
     def __init__(
         self,
         engine: Engine,
+        batcher: Batcher,
         redis_scripts: SyncScripts,
         settings: Settings,
         worker_name: str,
         active: ActiveJobs,
     ) -> None:
         self._engine = engine
+        self._batcher = batcher
         self._scripts = redis_scripts
         self._settings = settings
         self._worker_name = worker_name
@@ -63,8 +61,18 @@ class JobRunner:
 
     def _run_started(self, job_id: str, request: GenerationRequest, prompt_ids: list[int]) -> str:
         try:
-            self._check_context(request, len(prompt_ids))
-            progress = self._decode(job_id, request, prompt_ids)
+            self._check_fits(request, len(prompt_ids))
+            job = BatchJob(
+                job_id=job_id,
+                prompt_ids=prompt_ids,
+                params=self._sampling(request),
+                decoder=self._engine.new_decoder(),
+                matcher=StopStringMatcher(request.stop),
+            )
+            self._batcher.submit(job)
+            self._wait(job)
+            if job.error is not None:
+                raise job.error
         except TokenrelayError as exc:
             self._fail(job_id, exc)
             raise
@@ -73,16 +81,33 @@ class JobRunner:
             failure = GenerationFailed(f"generation failed: {type(exc).__name__}: {exc}")
             self._fail(job_id, failure)
             raise failure from exc
-        return self._conclude(job_id, request, len(prompt_ids), progress)
+        return self._conclude(job, len(prompt_ids))
 
-    def _check_context(self, request: GenerationRequest, prompt_tokens: int) -> None:
+    @staticmethod
+    def _wait(job: BatchJob) -> None:
+        """Wait in slices, so RQ's job timeout can interrupt this thread."""
+        try:
+            while not job.done.wait(_WAIT_SLICE_S):
+                pass
+        finally:
+            job.abandoned = not job.done.is_set()
+
+    def _check_fits(self, request: GenerationRequest, prompt_tokens: int) -> None:
+        needed = prompt_tokens + request.max_tokens
         limit = self._engine.max_context_tokens
-        if prompt_tokens + request.max_tokens > limit:
+        if needed > limit:
             raise ContextLengthExceeded(
                 f"this model's maximum context length is {limit} tokens; the request asks for "
-                f"{prompt_tokens + request.max_tokens} ({prompt_tokens} in the messages, "
-                f"{request.max_tokens} for the completion): shorten the messages or lower "
-                "`max_tokens`",
+                f"{needed} ({prompt_tokens} in the messages, {request.max_tokens} for the "
+                "completion): shorten the messages or lower `max_tokens`",
+                param="messages",
+            )
+        budget = self._settings.worker_max_batch_tokens
+        if needed > budget:
+            raise ContextLengthExceeded(
+                f"the request needs {needed} tokens ({prompt_tokens} in the messages, "
+                f"{request.max_tokens} for the completion) but a worker's batch holds at most "
+                f"{budget} (TOKENRELAY_WORKER_MAX_BATCH_TOKENS)",
                 param="messages",
             )
 
@@ -97,58 +122,25 @@ class JobRunner:
             seed=request.seed,
         )
 
-    def _decode(self, job_id: str, request: GenerationRequest, prompt_ids: list[int]) -> _Progress:
-        decoder = self._engine.new_decoder()
-        matcher = StopStringMatcher(request.stop)
-        progress = _Progress()
-        tokens = self._engine.generate(
-            prompt_ids,
-            self._sampling(request),
-            lambda: self._active.stop_reason(job_id) is not None,
-        )
-        for token in tokens:
-            progress.completion_tokens += 1
-            progress.unsent_tokens += 1
-            self._send(job_id, matcher.feed(decoder.step(token)), progress)
-            if matcher.stopped:
-                progress.hit_stop_string = True
-                break
-        self._send(job_id, matcher.flush(), progress)
-        return progress
-
-    def _send(self, job_id: str, text: str, progress: _Progress) -> None:
-        if not text:
-            return
-        chunk = TokenChunk(text=text, tokens=progress.unsent_tokens)
-        progress.unsent_tokens = 0
-        stopped = self._scripts.run(scripts.emit(self._settings, [(job_id, chunk.to_wire(), text)]))
-        if stopped:
-            self._active.request_stop(job_id, StopReason.CANCELLED)
-
-    def _conclude(
-        self, job_id: str, request: GenerationRequest, prompt_tokens: int, progress: _Progress
-    ) -> str:
+    def _conclude(self, job: BatchJob, prompt_tokens: int) -> str:
         fields: dict[str, scripts.Arg] = {
             "prompt_tokens": prompt_tokens,
-            "completion_tokens": progress.completion_tokens,
+            "completion_tokens": job.completion_tokens,
         }
-        reason = self._active.stop_reason(job_id)
-        if reason is not None:
+        reason = self._active.stop_reason(job.job_id)
+        if job.finish_reason is None and reason is not None:
             status, error = _STOPPED[reason]
-            self._finish(job_id, status, fields | _error_fields(error), error.to_wire())
+            self._finish(job.job_id, status, fields | _error_fields(error), error.to_wire())
             return status
-        length_reached = progress.completion_tokens >= request.max_tokens
-        finish_reason: Literal["stop", "length"] = (
-            "length" if length_reached and not progress.hit_stop_string else "stop"
-        )
+        finish_reason = job.finish_reason or "stop"
         usage = Usage(
             prompt_tokens=prompt_tokens,
-            completion_tokens=progress.completion_tokens,
-            total_tokens=prompt_tokens + progress.completion_tokens,
+            completion_tokens=job.completion_tokens,
+            total_tokens=prompt_tokens + job.completion_tokens,
         )
         done = Done(finish_reason=finish_reason, usage=usage)
         fields["finish_reason"] = finish_reason
-        self._finish(job_id, JobStatus.SUCCEEDED, fields, done.to_wire())
+        self._finish(job.job_id, JobStatus.SUCCEEDED, fields, done.to_wire())
         return JobStatus.SUCCEEDED
 
     def _fail(self, job_id: str, exc: TokenrelayError) -> None:

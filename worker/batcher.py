@@ -1,0 +1,177 @@
+"""The decoding loop of a worker: one thread drives the engine for every running job.
+
+Job threads `submit` a `BatchJob` and wait on its `done` event. The loop admits waiting jobs
+while the batch has room (jobs and tokens: prompt + `max_tokens` each, against
+`TOKENRELAY_WORKER_MAX_BATCH_TOKENS`), drops stopped jobs (cancelled, lease lost, drain
+over) before every step, runs one engine step, turns tokens into text (never splitting a
+character, never leaking a stop string) and sends the events of all jobs of that step to
+Redis in one script call.
+"""
+
+from __future__ import annotations
+
+import logging
+import queue
+import threading
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Literal
+
+from redis.exceptions import RedisError
+
+from shared import scripts
+from shared.events import TokenChunk
+from shared.script_runner import SyncScripts
+from shared.settings import Settings
+from worker.active_jobs import ActiveJobs, StopReason
+from worker.engine import Engine, IncrementalDecoder, SamplingParams, TokenOutput
+from worker.stop_strings import StopStringMatcher
+
+log = logging.getLogger(__name__)
+
+_IDLE_WAIT_S = 0.5
+
+
+@dataclass(eq=False)
+class BatchJob:
+    """One job's state inside the batch; `done` is set when it leaves the batch."""
+
+    job_id: str
+    prompt_ids: list[int]
+    params: SamplingParams
+    decoder: IncrementalDecoder
+    matcher: StopStringMatcher
+    completion_tokens: int = 0
+    unsent_tokens: int = 0
+    finish_reason: Literal["stop", "length"] | None = None
+    error: Exception | None = None
+    abandoned: bool = False
+    done: threading.Event = field(default_factory=threading.Event)
+
+    @property
+    def budget_tokens(self) -> int:
+        return len(self.prompt_ids) + self.params.max_tokens
+
+
+class Batcher:
+    def __init__(
+        self, engine: Engine, redis_scripts: SyncScripts, settings: Settings, active: ActiveJobs
+    ) -> None:
+        self._engine = engine
+        self._scripts = redis_scripts
+        self._settings = settings
+        self._active = active
+        self._inbox: queue.Queue[BatchJob] = queue.Queue()
+        self._waiting: deque[BatchJob] = deque()
+        self._running: dict[str, BatchJob] = {}
+        self._used_tokens = 0
+        self._stopping = threading.Event()
+        self._thread = threading.Thread(target=self._loop, name="batcher", daemon=True)
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stopping.set()
+        self._thread.join(timeout=10)
+
+    def submit(self, job: BatchJob) -> None:
+        self._inbox.put(job)
+
+    def _loop(self) -> None:
+        while not self._stopping.is_set():
+            self._take_new(block=not self._running and not self._waiting)
+            self._drop_stopped()
+            self._admit_waiting()
+            if not self._running:
+                continue
+            try:
+                outputs = self._engine.step()
+            except Exception as exc:
+                log.exception(
+                    "engine step failed; failing the %d jobs in the batch", len(self._running)
+                )
+                for job in list(self._running.values()):
+                    job.error = exc
+                    self._engine.remove(job.job_id)
+                    self._end(job)
+                continue
+            self._publish(outputs)
+
+    def _take_new(self, block: bool) -> None:
+        try:
+            job = self._inbox.get(timeout=_IDLE_WAIT_S) if block else self._inbox.get_nowait()
+        except queue.Empty:
+            return
+        self._waiting.append(job)
+        while True:
+            try:
+                self._waiting.append(self._inbox.get_nowait())
+            except queue.Empty:
+                return
+
+    def _stopped(self, job: BatchJob) -> bool:
+        return job.abandoned or self._active.stop_reason(job.job_id) is not None
+
+    def _drop_stopped(self) -> None:
+        for job in [j for j in self._running.values() if self._stopped(j)]:
+            self._engine.remove(job.job_id)
+            self._end(job)
+        for job in [j for j in self._waiting if self._stopped(j)]:
+            self._waiting.remove(job)
+            job.done.set()
+
+    def _admit_waiting(self) -> None:
+        limit_tokens = self._settings.worker_max_batch_tokens
+        while self._waiting and len(self._running) < self._settings.worker_concurrency:
+            job = self._waiting[0]
+            if self._running and self._used_tokens + job.budget_tokens > limit_tokens:
+                return
+            self._waiting.popleft()
+            self._engine.add(job.job_id, job.prompt_ids, job.params)
+            self._running[job.job_id] = job
+            self._used_tokens += job.budget_tokens
+
+    def _publish(self, outputs: list[TokenOutput]) -> None:
+        events: list[tuple[str, str, str]] = []
+        ended: list[BatchJob] = []
+        for output in outputs:
+            job = self._running.get(output.seq_id)
+            if job is None:
+                continue
+            text = ""
+            if output.token_id is not None:
+                job.completion_tokens += 1
+                job.unsent_tokens += 1
+                text = job.matcher.feed(job.decoder.step(output.token_id))
+            if job.matcher.stopped:
+                job.finish_reason = "stop"
+                if output.finish_reason is None:
+                    self._engine.remove(job.job_id)
+            elif output.finish_reason is not None:
+                job.finish_reason = output.finish_reason
+                text += job.matcher.flush()
+            if text:
+                chunk = TokenChunk(text=text, tokens=job.unsent_tokens)
+                events.append((job.job_id, chunk.to_wire(), text))
+                job.unsent_tokens = 0
+            if job.finish_reason is not None:
+                ended.append(job)
+        if events:
+            self._send(events)
+        for job in ended:
+            self._end(job)
+
+    def _send(self, events: list[tuple[str, str, str]]) -> None:
+        try:
+            stopped = self._scripts.run(scripts.emit(self._settings, events))
+        except RedisError as exc:
+            log.warning("could not send %d events: %s", len(events), exc)
+            return
+        for job_id in stopped:
+            self._active.request_stop(job_id, StopReason.CANCELLED)
+
+    def _end(self, job: BatchJob) -> None:
+        del self._running[job.job_id]
+        self._used_tokens -= job.budget_tokens
+        job.done.set()

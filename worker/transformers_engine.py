@@ -1,0 +1,251 @@
+"""A transformers causal LM decoding many sequences in shared forward passes.
+
+The batch lives in one `DynamicCache`, left-padded: row `i` holds sequence `i`'s keys and
+values right-aligned, and `_mask` marks its real positions. Each step is either a prefill
+of every sequence waiting to join (one padded forward, whose last logits give each its
+first token) whose cache is then merged into the batch, or one decode step for the whole
+batch. Finished or removed rows are dropped at once (`index_select`), and padding columns
+no row needs any more are trimmed, so the cache never holds more than the longest row.
+"""
+
+from __future__ import annotations
+
+import socket
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlparse
+
+import torch
+
+from shared.generation import ChatMessage
+from worker.engine import IncrementalDecoder, ModelLoadError, SamplingParams, TokenOutput
+from worker.sampling import new_generator, sample_token
+
+_HUB_PROBE_TIMEOUT_S = 5.0
+
+
+@dataclass
+class _Row:
+    seq_id: str
+    params: SamplingParams
+    generator: torch.Generator
+    length: int
+    produced: int = 0
+    last_token: int = 0
+
+
+@dataclass
+class _Joiner:
+    seq_id: str
+    prompt_ids: list[int]
+    params: SamplingParams
+
+
+class _DecodeStreamDecoder:
+    def __init__(self, backend: Any) -> None:
+        from tokenizers.decoders import DecodeStream
+
+        self._backend = backend
+        self._stream = DecodeStream(skip_special_tokens=True)
+
+    def step(self, token_id: int) -> str:
+        return self._stream.step(self._backend, token_id) or ""
+
+
+class TransformersEngine:
+    def __init__(self, model_name: str, device: str = "auto", dtype: str = "auto") -> None:
+        from transformers import AutoModelForCausalLM, AutoTokenizer
+
+        if device == "auto":
+            device = "cuda" if torch.cuda.is_available() else "cpu"
+        self.device = device
+        if dtype == "auto":
+            dtype = "bfloat16" if device == "cuda" else "float32"
+        _check_reachable(model_name)
+        try:
+            self.tokenizer = AutoTokenizer.from_pretrained(model_name)
+            model_class: Any = AutoModelForCausalLM
+            self.model: Any = model_class.from_pretrained(model_name, dtype=getattr(torch, dtype))
+        except (OSError, ValueError) as exc:
+            raise ModelLoadError(f"could not load model {model_name!r}: {exc}") from exc
+        self.model.to(device).eval()
+        self.max_context_tokens = int(getattr(self.model.config, "max_position_embeddings", 2048))
+        generation = self.model.generation_config
+        eos = generation.eos_token_id
+        eos_ids = sorted(
+            {int(i) for i in (eos if isinstance(eos, list) else [eos]) if i is not None}
+        )
+        self._eos_ids = frozenset(eos_ids)
+        self._eos_index = torch.tensor(eos_ids, device=device)
+        self._pad_id = int(self.tokenizer.pad_token_id or eos_ids[0])
+        sampling = bool(generation.do_sample)
+        self._defaults = (
+            float(generation.temperature or 1.0) if sampling else 0.0,
+            float(generation.top_p or 1.0),
+            int(generation.top_k or 0),
+        )
+        self._rows: list[_Row] = []
+        self._joiners: list[_Joiner] = []
+        self._cache: Any = None
+        self._mask: torch.Tensor | None = None
+
+    def encode_chat(self, messages: Sequence[ChatMessage]) -> list[int]:
+        chat = [{"role": m.role, "content": m.content} for m in messages]
+        ids: Any = self.tokenizer.apply_chat_template(
+            chat, add_generation_prompt=True, tokenize=True, return_dict=False
+        )
+        return [int(i) for i in ids]
+
+    def sampling_defaults(self) -> tuple[float, float, int]:
+        return self._defaults
+
+    def new_decoder(self) -> IncrementalDecoder:
+        return _DecodeStreamDecoder(self.tokenizer.backend_tokenizer)
+
+    def add(self, seq_id: str, prompt_ids: list[int], params: SamplingParams) -> None:
+        self._joiners.append(_Joiner(seq_id, prompt_ids, params))
+
+    def remove(self, seq_id: str) -> None:
+        self._joiners = [j for j in self._joiners if j.seq_id != seq_id]
+        keep = [i for i, row in enumerate(self._rows) if row.seq_id != seq_id]
+        if len(keep) != len(self._rows):
+            self._keep_rows(keep)
+
+    def step(self) -> list[TokenOutput]:
+        with torch.inference_mode():
+            if self._joiners:
+                return self._prefill()
+            if self._rows:
+                return self._decode()
+        return []
+
+    def _prefill(self) -> list[TokenOutput]:
+        joiners, self._joiners = self._joiners, []
+        width = max(len(j.prompt_ids) for j in joiners)
+        ids = torch.full((len(joiners), width), self._pad_id, dtype=torch.long)
+        mask = torch.zeros((len(joiners), width), dtype=torch.long)
+        for i, joiner in enumerate(joiners):
+            ids[i, width - len(joiner.prompt_ids) :] = torch.tensor(joiner.prompt_ids)
+            mask[i, width - len(joiner.prompt_ids) :] = 1
+        ids, mask = ids.to(self.device), mask.to(self.device)
+        positions = (mask.cumsum(-1) - 1).clamp(min=0)
+        output = self.model(
+            input_ids=ids, attention_mask=mask, position_ids=positions, use_cache=True
+        )
+        rows = [
+            _Row(j.seq_id, j.params, new_generator(j.params.seed, self.device), len(j.prompt_ids))
+            for j in joiners
+        ]
+        self._merge(output.cache, mask, rows)
+        return self._sample(rows, output.logits[:, -1, :])
+
+    def _decode(self) -> list[TokenOutput]:
+        assert self._mask is not None
+        ids = torch.tensor([[row.last_token] for row in self._rows], device=self.device)
+        positions = torch.tensor([[row.length] for row in self._rows], device=self.device)
+        ones = torch.ones((len(self._rows), 1), dtype=self._mask.dtype, device=self.device)
+        self._mask = torch.cat([self._mask, ones], dim=1)
+        output = self.model(
+            input_ids=ids,
+            attention_mask=self._mask,
+            position_ids=positions,
+            cache=self._cache,
+            use_cache=True,
+        )
+        self._cache = output.cache
+        for row in self._rows:
+            row.length += 1
+        return self._sample(list(self._rows), output.logits[:, -1, :])
+
+    def _sample(self, rows: list[_Row], logits: torch.Tensor) -> list[TokenOutput]:
+        """Sample each row's next token; drop rows that finished from the batch."""
+        outputs: list[TokenOutput] = []
+        finished: set[str] = set()
+        for i, row in enumerate(rows):
+            row_logits = logits[i]
+            if row.produced < row.params.min_tokens:
+                row_logits = row_logits.index_fill(0, self._eos_index, float("-inf"))
+            token = sample_token(row_logits, row.params, row.generator)
+            if token in self._eos_ids:
+                outputs.append(TokenOutput(row.seq_id, None, "stop"))
+                finished.add(row.seq_id)
+                continue
+            row.produced += 1
+            row.last_token = token
+            done = row.produced >= row.params.max_tokens
+            outputs.append(TokenOutput(row.seq_id, token, "length" if done else None))
+            if done:
+                finished.add(row.seq_id)
+        if finished:
+            self._keep_rows([i for i, r in enumerate(self._rows) if r.seq_id not in finished])
+        return outputs
+
+    def _merge(self, cache: Any, mask: torch.Tensor, rows: list[_Row]) -> None:
+        if self._mask is None:
+            self._cache, self._mask, self._rows = cache, mask, rows
+            return
+        width = max(self._mask.shape[1], mask.shape[1])
+        for old, new in zip(self._cache.layers, cache.layers, strict=True):
+            old.keys = torch.cat([_pad_left(old.keys, width, 2), _pad_left(new.keys, width, 2)])
+            old.values = torch.cat(
+                [_pad_left(old.values, width, 2), _pad_left(new.values, width, 2)]
+            )
+        self._mask = torch.cat([_pad_left(self._mask, width, 1), _pad_left(mask, width, 1)])
+        self._rows.extend(rows)
+
+    def _keep_rows(self, keep: list[int]) -> None:
+        if not keep:
+            self._rows, self._cache, self._mask = [], None, None
+            return
+        assert self._mask is not None
+        index = torch.tensor(keep, device=self.device)
+        mask = self._mask.index_select(0, index)
+        first = int(mask.any(dim=0).nonzero()[0])
+        for layer in self._cache.layers:
+            layer.keys = layer.keys.index_select(0, index)[:, :, first:]
+            layer.values = layer.values.index_select(0, index)[:, :, first:]
+        self._mask = mask[:, first:]
+        self._rows = [self._rows[i] for i in keep]
+
+
+def _pad_left(tensor: torch.Tensor, width: int, dim: int) -> torch.Tensor:
+    missing = width - tensor.shape[dim]
+    if missing == 0:
+        return tensor
+    shape = list(tensor.shape)
+    shape[dim] = missing
+    return torch.cat([tensor.new_zeros(shape), tensor], dim=dim)
+
+
+def _check_reachable(model_name: str) -> None:
+    """Fail in seconds, not after the hub client's minute of retries, when a model that is
+    neither a local directory nor in the Hugging Face cache cannot be downloaded."""
+    if Path(model_name).is_dir():
+        return
+    from huggingface_hub import constants, try_to_load_from_cache
+
+    try:
+        cached = try_to_load_from_cache(model_name, "config.json")
+    except ValueError as exc:
+        raise ModelLoadError(
+            f"could not load model {model_name!r}: not a local directory and not a hub id ({exc})"
+        ) from exc
+    if isinstance(cached, str):
+        return
+    if constants.HF_HUB_OFFLINE:
+        raise ModelLoadError(
+            f"could not load model {model_name!r}: it is not a local directory, not in the "
+            "Hugging Face cache, and HF_HUB_OFFLINE is set"
+        )
+    endpoint = urlparse(constants.ENDPOINT)
+    host = endpoint.hostname or "huggingface.co"
+    port = endpoint.port or (443 if endpoint.scheme == "https" else 80)
+    try:
+        socket.create_connection((host, port), timeout=_HUB_PROBE_TIMEOUT_S).close()
+    except OSError as exc:
+        raise ModelLoadError(
+            f"could not load model {model_name!r}: it is not a local directory, not in the "
+            f"Hugging Face cache, and {host} cannot be reached ({exc})"
+        ) from exc
