@@ -2,14 +2,21 @@
 
 from __future__ import annotations
 
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
 import pytest
 import redis
-from rq import Queue
+from rq import Queue, Worker
+from rq.registry import FailedJobRegistry, FinishedJobRegistry, StartedJobRegistry
 from rq.serializers import JSONSerializer
 
 from shared import keys
 from shared.generation import ChatMessage, GenerationRequest
-from shared.rq_jobs import GENERATE_FUNCTION, enqueue_generation
+from shared.rq_jobs import GENERATE_FUNCTION, enqueue_generation, generation_queue
 from shared.settings import Settings
 from worker.rq_worker import UnknownJobFunction, allow_listed_job_class, build_worker
 
@@ -44,4 +51,61 @@ def test_enqueued_generation_runs_the_allow_listed_function_with_json_kwargs(
     worker = build_worker(connection, "test-worker", {GENERATE_FUNCTION: generate})
     worker.work(burst=True)
     assert calls == [{"job_id": "job1", "request": request.model_dump(mode="json")}]
+    connection.close()
+
+
+def test_one_worker_executes_n_jobs_at_once_and_rq_tells_the_truth(redis_url: str) -> None:
+    connection = redis.Redis.from_url(redis_url)
+    queue = generation_queue(connection)
+    for i in range(5):
+        queue.enqueue_call(GENERATE_FUNCTION, kwargs={"job_id": f"ok{i}"}, job_id=f"ok{i}")
+    queue.enqueue_call(GENERATE_FUNCTION, kwargs={"job_id": "boom"}, job_id="boom")
+    release = threading.Event()
+    seen: dict[str, object] = {}
+
+    def generate(job_id: str) -> dict[str, str]:
+        if job_id == "boom":
+            raise RuntimeError("boom")
+        assert release.wait(20)
+        return {"status": "succeeded"}
+
+    def observe() -> None:
+        watcher = redis.Redis.from_url(redis_url)
+        deadline = time.monotonic() + 20
+        while time.monotonic() < deadline:
+            workers = Worker.all(connection=watcher, serializer=JSONSerializer)
+            if workers and len(workers[0].get_current_executions(refresh=True)) == 3:
+                seen["state"] = workers[0].get_state()
+                seen["started"] = StartedJobRegistry(queue=generation_queue(watcher)).count
+                seen["rq_info"] = subprocess.run(
+                    [
+                        str(Path(sys.executable).parent / "rq"),
+                        "info",
+                        "--url",
+                        redis_url,
+                        "-S",
+                        "rq.serializers.JSONSerializer",
+                        "-W",
+                    ],
+                    capture_output=True,
+                    text=True,
+                    timeout=30,
+                ).stdout
+                break
+            time.sleep(0.02)
+        release.set()
+        watcher.close()
+
+    observer = threading.Thread(target=observe)
+    observer.start()
+    worker = build_worker(connection, "concurrent", {GENERATE_FUNCTION: generate}, concurrency=3)
+    worker.work(burst=True)
+    observer.join(timeout=30)
+    assert seen["state"] == "busy"
+    assert seen["started"] == 3
+    assert "concurrent" in str(seen["rq_info"]) and "busy" in str(seen["rq_info"])
+    finished = FinishedJobRegistry(queue=queue).get_job_ids(cleanup=False)
+    assert sorted(finished) == [f"ok{i}" for i in range(5)]
+    assert FailedJobRegistry(queue=queue).get_job_ids(cleanup=False) == ["boom"]
+    assert StartedJobRegistry(queue=queue).count == 0
     connection.close()

@@ -1,0 +1,91 @@
+"""The batched transformers engine on the tiny Qwen2: joining, leaving, per-row determinism."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from shared.generation import ChatMessage
+from worker.engine import SamplingParams
+from worker.transformers_engine import TransformersEngine
+
+GREEDY = SamplingParams(max_tokens=24, min_tokens=24, temperature=0, top_p=1, top_k=0, seed=None)
+SEEDED = SamplingParams(max_tokens=24, min_tokens=24, temperature=1.0, top_p=0.9, top_k=20, seed=7)
+
+
+@pytest.fixture(scope="module")
+def engine(tiny_model_dir: Path) -> TransformersEngine:
+    return TransformersEngine(str(tiny_model_dir), device="cpu")
+
+
+def run(
+    engine: TransformersEngine, jobs: list[tuple[str, str, SamplingParams, int]]
+) -> tuple[dict[str, list[int]], list[int]]:
+    """Run jobs (id, prompt, params, step at which it joins); return tokens and batch sizes."""
+    tokens: dict[str, list[int]] = {job_id: [] for job_id, *_ in jobs}
+    finished: set[str] = set()
+    batch_sizes: list[int] = []
+    step = 0
+    while len(finished) < len(jobs):
+        for job_id, prompt, params, join_at in jobs:
+            if join_at == step:
+                ids = engine.encode_chat([ChatMessage(role="user", content=prompt)])
+                engine.add(job_id, ids, params)
+        outputs = engine.step()
+        batch_sizes.append(len(outputs))
+        for output in outputs:
+            if output.token_id is not None:
+                tokens[output.seq_id].append(output.token_id)
+            if output.finish_reason is not None:
+                finished.add(output.seq_id)
+        step += 1
+        assert step < 500
+    return tokens, batch_sizes
+
+
+def test_a_job_gives_the_same_tokens_alone_and_in_a_changing_batch(
+    engine: TransformersEngine,
+) -> None:
+    alone_greedy, _ = run(engine, [("a", "hello there", GREEDY, 0)])
+    alone_seeded, _ = run(
+        engine, [("b", "你好，世界 🚀 a longer prompt than the first", SEEDED, 0)]
+    )
+    shared, sizes = run(
+        engine,
+        [
+            ("x", "a prompt that starts first", GREEDY, 0),
+            ("a", "hello there", GREEDY, 3),
+            ("b", "你好，世界 🚀 a longer prompt than the first", SEEDED, 7),
+            ("y", "short", SEEDED, 7),
+        ],
+    )
+    assert shared["a"] == alone_greedy["a"]
+    assert shared["b"] == alone_seeded["b"]
+    assert max(sizes) == 4
+
+
+def test_jobs_join_at_any_step_and_leave_when_done(engine: TransformersEngine) -> None:
+    short = SamplingParams(max_tokens=5, min_tokens=5, temperature=0, top_p=1, top_k=0, seed=None)
+    tokens, sizes = run(engine, [("long", "a", GREEDY, 0), ("short", "b", short, 2)])
+    assert len(tokens["long"]) == 24 and len(tokens["short"]) == 5
+    assert sizes[2] == 1, "step 2 prefills the joiner alone"
+    assert 2 in sizes[3:8]
+    assert sizes[-1] == 1, "the short job's row was freed when it finished"
+
+
+def test_removed_job_frees_its_row_at_once(engine: TransformersEngine) -> None:
+    ids = engine.encode_chat([ChatMessage(role="user", content="x")])
+    engine.add("p", ids, GREEDY)
+    engine.add("q", ids, GREEDY)
+    assert len(engine.step()) == 2
+    engine.remove("p")
+    outputs = engine.step()
+    assert [o.seq_id for o in outputs] == ["q"]
+    engine.remove("q")
+    assert engine.step() == []
+
+
+def test_eos_is_suppressed_until_min_tokens(engine: TransformersEngine) -> None:
+    tokens, _ = run(engine, [("m", "hi", SEEDED, 0)])
+    assert len(tokens["m"]) == SEEDED.max_tokens
