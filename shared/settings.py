@@ -37,6 +37,11 @@ class Settings(BaseSettings):
     worker_drain_s: float = Field(default=60.0, ge=0)
     worker_concurrency: int = Field(default=8, ge=1)
     worker_max_batch_tokens: int = Field(default=32_768, ge=16)
+    flush_interval_ms: float = Field(default=0.0, ge=0)
+    engine: Literal["transformers", "synthetic"] = "transformers"
+    allow_synthetic_engine: bool = False
+    synthetic_tokens_per_s: float = Field(default=20.0, gt=0)
+    synthetic_first_token_ms: float = Field(default=0.0, ge=0)
     cache_dir: str = "~/.cache/tokenrelay"
     device: Literal["auto", "cpu", "cuda"] = "auto"
     dtype: Literal["auto", "float32", "bfloat16", "float16"] = "auto"
@@ -50,6 +55,11 @@ class Settings(BaseSettings):
 
     @model_validator(mode="after")
     def _check_bounds(self) -> Settings:
+        if self.engine == "synthetic" and not self.allow_synthetic_engine:
+            raise ValueError(
+                "TOKENRELAY_ENGINE=synthetic serves no real text and is for benchmarks only; "
+                "set TOKENRELAY_ALLOW_SYNTHETIC_ENGINE=1 as well to use it"
+            )
         if self.default_max_tokens > self.max_tokens_limit:
             raise ValueError(
                 f"TOKENRELAY_DEFAULT_MAX_TOKENS ({self.default_max_tokens}) must be <= "

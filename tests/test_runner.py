@@ -17,7 +17,7 @@ from shared.script_runner import SyncScripts
 from shared.scripts import ScriptCall
 from shared.settings import Settings
 from worker.active_jobs import ActiveJobs, StopReason
-from worker.batcher import Batcher
+from worker.batcher import Batcher, BatchJob
 from worker.engine import SamplingParams, TokenOutput
 from worker.runner import JobRunner
 
@@ -103,6 +103,14 @@ def parts(settings: Settings, sync_redis: redis.Redis) -> tuple[CountingScripts,
     return CountingScripts(sync_redis), ActiveJobs()
 
 
+class CountingBatcher(Batcher):
+    submitted = threading.Semaphore(0)
+
+    def submit(self, job: BatchJob) -> None:
+        super().submit(job)
+        self.submitted.release()
+
+
 @pytest.fixture
 def runner_for(
     settings: Settings, parts: tuple[CountingScripts, ActiveJobs]
@@ -111,7 +119,7 @@ def runner_for(
     batchers: list[Batcher] = []
 
     def make(engine: ScriptedEngine) -> JobRunner:
-        batcher = Batcher(engine, run, settings, active)
+        batcher = CountingBatcher(engine, run, settings, active)
         batcher.start()
         batchers.append(batcher)
         return JobRunner(engine, batcher, run, settings, "w", active)
@@ -231,11 +239,14 @@ def test_jobs_share_steps_and_each_step_is_one_round_trip(
     release = threading.Event()
     engine = ScriptedEngine(texts, on_step=lambda step: release.wait(5) if step == 0 else None)
     runner = runner_for(engine)
+    CountingBatcher.submitted = threading.Semaphore(0)
     threads = [
         threading.Thread(target=runner.generate, args=(job_id, request())) for job_id in texts
     ]
     for thread in threads:
         thread.start()
+    for _ in texts:
+        assert CountingBatcher.submitted.acquire(timeout=10)
     release.set()
     for thread in threads:
         thread.join(timeout=30)
@@ -245,3 +256,21 @@ def test_jobs_share_steps_and_each_step_is_one_round_trip(
     assert max(engine.batch_sizes) == 4
     assert len(run.emits) <= engine.steps
     assert max(run.emits) == 4
+
+
+def test_flush_interval_coalesces_tokens_into_fewer_events(
+    redis_url: str, sync_redis: redis.Redis, parts: tuple[CountingScripts, ActiveJobs]
+) -> None:
+    run, active = parts
+    settings = Settings(redis_url=redis_url, flush_interval_ms=60_000)
+    admit(run, settings, "j")
+    engine = ScriptedEngine({"j": "coalesce me please"})
+    batcher = Batcher(engine, run, settings, active)
+    batcher.start()
+    try:
+        JobRunner(engine, batcher, run, settings, "w", active).generate("j", request())
+    finally:
+        batcher.stop()
+    chunks = [e for e in events(sync_redis, "j") if e["type"] == "token"]
+    assert [c["text"] for c in chunks] == ["c", "oalesce me please"]
+    assert sum(c["tokens"] for c in chunks) == len("coalesce me please")

@@ -5,7 +5,9 @@ while the batch has room (jobs and tokens: prompt + `max_tokens` each, against
 `TOKENRELAY_WORKER_MAX_BATCH_TOKENS`), drops stopped jobs (cancelled, lease lost, drain
 over) before every step, runs one engine step, turns tokens into text (never splitting a
 character, never leaking a stop string) and sends the events of all jobs of that step to
-Redis in one script call.
+Redis in one script call. With `TOKENRELAY_FLUSH_INTERVAL_MS` > 0, a job's text is held
+until that long after its previous chunk (the first chunk and the last are never held), so
+fast jobs send several tokens per event.
 """
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ from __future__ import annotations
 import logging
 import queue
 import threading
+import time
 from collections import deque
 from dataclasses import dataclass, field
 from typing import Literal
@@ -43,6 +46,8 @@ class BatchJob:
     matcher: StopStringMatcher
     completion_tokens: int = 0
     unsent_tokens: int = 0
+    unsent_text: str = ""
+    last_sent_s: float = float("-inf")
     finish_reason: Literal["stop", "length"] | None = None
     error: Exception | None = None
     abandoned: bool = False
@@ -135,6 +140,8 @@ class Batcher:
     def _publish(self, outputs: list[TokenOutput]) -> None:
         events: list[tuple[str, str, str]] = []
         ended: list[BatchJob] = []
+        now = time.monotonic()
+        flush_interval_s = self._settings.flush_interval_ms / 1000
         for output in outputs:
             job = self._running.get(output.seq_id)
             if job is None:
@@ -151,10 +158,12 @@ class Batcher:
             elif output.finish_reason is not None:
                 job.finish_reason = output.finish_reason
                 text += job.matcher.flush()
-            if text:
-                chunk = TokenChunk(text=text, tokens=job.unsent_tokens)
-                events.append((job.job_id, chunk.to_wire(), text))
-                job.unsent_tokens = 0
+            job.unsent_text += text
+            due = job.finish_reason is not None or now - job.last_sent_s >= flush_interval_s
+            if job.unsent_text and due:
+                chunk = TokenChunk(text=job.unsent_text, tokens=job.unsent_tokens)
+                events.append((job.job_id, chunk.to_wire(), job.unsent_text))
+                job.unsent_text, job.unsent_tokens, job.last_sent_s = "", 0, now
             if job.finish_reason is not None:
                 ended.append(job)
         if events:

@@ -16,16 +16,25 @@ from shared.script_runner import SyncScripts
 from shared.settings import DEMO_MODEL_NAME, Settings
 from worker.active_jobs import ActiveJobs, StopReason
 from worker.batcher import Batcher
-from worker.engine import ModelLoadError
+from worker.engine import Engine, ModelLoadError
 from worker.lease_keeper import LeaseKeeper
 from worker.rq_worker import build_worker
 from worker.runner import JobRunner
-from worker.transformers_engine import TransformersEngine
+from worker.synthetic_engine import SyntheticEngine
 
 log = logging.getLogger(__name__)
 
 EXIT_MODEL_UNAVAILABLE = 2
 _RECONNECT_BACKOFF_S = 1.0
+
+
+def build_engine(settings: Settings) -> Engine:
+    if settings.engine == "synthetic":
+        log.warning("synthetic engine: tokens are placeholders, for benchmarks only")
+        return SyntheticEngine(settings.synthetic_tokens_per_s, settings.synthetic_first_token_ms)
+    from worker.transformers_engine import TransformersEngine
+
+    return TransformersEngine(settings.model, settings.device, settings.dtype)
 
 
 def run_worker(settings: Settings, *, demo: bool = False) -> int:
@@ -41,7 +50,7 @@ def run_worker(settings: Settings, *, demo: bool = False) -> int:
             }
         )
     try:
-        engine = TransformersEngine(settings.model, settings.device, settings.dtype)
+        engine = build_engine(settings)
     except ModelLoadError as exc:
         print(
             f"tokenrelay worker: {exc}\n"

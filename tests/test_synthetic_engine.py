@@ -1,0 +1,43 @@
+"""The benchmark-only synthetic engine: refused unless enabled, paced, same protocol."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+from pydantic import ValidationError
+
+from shared.settings import Settings
+from worker.engine import SamplingParams
+from worker.synthetic_engine import SyntheticEngine
+
+
+def params(max_tokens: int) -> SamplingParams:
+    return SamplingParams(max_tokens, 0, 1.0, 1.0, 0, None)
+
+
+def test_synthetic_engine_is_refused_unless_explicitly_allowed() -> None:
+    with pytest.raises(ValidationError, match="ALLOW_SYNTHETIC_ENGINE"):
+        Settings(engine="synthetic")
+    assert Settings(engine="synthetic", allow_synthetic_engine=True).engine == "synthetic"
+    assert Settings().engine == "transformers"
+
+
+def test_tokens_come_at_the_configured_rate_and_length() -> None:
+    engine = SyntheticEngine(tokens_per_s=200, first_token_ms=0)
+    engine.add("a", [1], params(5))
+    engine.add("b", [1], params(3))
+    produced: dict[str, int] = {"a": 0, "b": 0}
+    finished: dict[str, str | None] = {}
+    started = time.monotonic()
+    while len(finished) < 2:
+        for output in engine.step():
+            produced[output.seq_id] += 1
+            if output.finish_reason:
+                finished[output.seq_id] = output.finish_reason
+        assert time.monotonic() - started < 5
+    elapsed = time.monotonic() - started
+    assert produced == {"a": 5, "b": 3}
+    assert finished == {"a": "length", "b": "length"}
+    assert elapsed >= 4 / 200
+    assert engine.step() == []

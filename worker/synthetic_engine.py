@@ -1,0 +1,76 @@
+"""A model-free engine for benchmarks: every sequence emits one token per
+`1 / TOKENRELAY_SYNTHETIC_TOKENS_PER_S` seconds after a first-token delay, through the same
+batcher, Redis and API path as a real model, so the plumbing can be measured apart from
+the model. Only runs when `TOKENRELAY_ENGINE=synthetic` and
+`TOKENRELAY_ALLOW_SYNTHETIC_ENGINE=1` are both set: it serves no real text.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from shared.generation import ChatMessage
+from worker.engine import IncrementalDecoder, SamplingParams, TokenOutput
+
+_MAX_SLEEP_S = 0.002
+_VOCAB = ("lorem ", "ipsum ", "dolor ", "sit ", "amet ", "consectetur ", "adipiscing ", "elit ")
+
+
+@dataclass
+class _Row:
+    params: SamplingParams
+    next_due: float
+    produced: int = 0
+
+
+class _WordDecoder:
+    def step(self, token_id: int) -> str:
+        return _VOCAB[token_id % len(_VOCAB)]
+
+
+class SyntheticEngine:
+    device = "none"
+    max_context_tokens = 1 << 20
+
+    def __init__(self, tokens_per_s: float, first_token_ms: float) -> None:
+        self._interval_s = 1.0 / tokens_per_s
+        self._first_token_s = first_token_ms / 1000
+        self._rows: dict[str, _Row] = {}
+
+    def encode_chat(self, messages: Sequence[ChatMessage]) -> list[int]:
+        return [len(word) for m in messages for word in m.content.split()] or [0]
+
+    def sampling_defaults(self) -> tuple[float, float, int]:
+        return (1.0, 1.0, 0)
+
+    def new_decoder(self) -> IncrementalDecoder:
+        return _WordDecoder()
+
+    def add(self, seq_id: str, prompt_ids: list[int], params: SamplingParams) -> None:
+        self._rows[seq_id] = _Row(params, time.monotonic() + self._first_token_s)
+
+    def remove(self, seq_id: str) -> None:
+        self._rows.pop(seq_id, None)
+
+    def step(self) -> list[TokenOutput]:
+        """Tokens of every sequence that is due; sleeps briefly when none is."""
+        if not self._rows:
+            return []
+        now = time.monotonic()
+        next_due = min(row.next_due for row in self._rows.values())
+        if next_due > now:
+            time.sleep(min(next_due - now, _MAX_SLEEP_S))
+            now = time.monotonic()
+        outputs: list[TokenOutput] = []
+        for seq_id, row in list(self._rows.items()):
+            if row.next_due > now:
+                continue
+            row.produced += 1
+            row.next_due += self._interval_s
+            done = row.produced >= row.params.max_tokens
+            outputs.append(TokenOutput(seq_id, row.produced, "length" if done else None))
+            if done:
+                del self._rows[seq_id]
+        return outputs
