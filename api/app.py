@@ -9,8 +9,12 @@ from collections.abc import AsyncIterator
 from fastapi import FastAPI
 
 from api import errors
+from api.body_limit import BodySizeLimit
+from api.metrics import Metrics
 from api.reaper import reap_forever
-from api.routes import chat, health, jobs, models
+from api.request_log import RequestLog
+from api.routes import article_clients, chat, cluster, completions, console, health, jobs, models
+from api.routes import metrics as metrics_route
 from api.state import AppState
 from shared.settings import Settings
 
@@ -37,7 +41,21 @@ def create_app(settings: Settings) -> FastAPI:
         lifespan=lifespan,
     )
     errors.install(app)
-    for router in (chat.router, jobs.router, models.router, health.router):
+    app.add_middleware(BodySizeLimit, max_bytes=settings.max_request_bytes)
+    metrics = Metrics.from_environment()
+    app.state.metrics = metrics
+    app.add_middleware(RequestLog, metrics=metrics, log_prompts=settings.log_prompts)
+    for router in (
+        chat.router,
+        completions.router,
+        article_clients.router,
+        jobs.router,
+        models.router,
+        health.router,
+        cluster.router,
+        console.router,
+        metrics_route.router,
+    ):
         app.include_router(router)
     return app
 

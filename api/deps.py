@@ -8,7 +8,7 @@ from typing import Annotated
 from fastapi import Depends, Header, Request
 
 from api.state import AppState, hash_key
-from shared.errors import Unauthorized
+from shared.errors import Forbidden, Unauthorized
 from shared.settings import Settings
 
 ANONYMOUS = "anonymous"
@@ -19,22 +19,30 @@ class Caller:
     """Who is calling: jobs belong to their owner, and only their owner sees them."""
 
     owner: str
+    is_admin: bool = False
 
 
-def get_state(request: Request) -> AppState:
+# Dependencies are `async def` although they never await: FastAPI runs a plain `def`
+# dependency in its thread pool, a hop per dependency per request that, under a burst,
+# queues behind the pool's 40 threads (refusals took hundreds of ms that way).
+
+
+async def get_state(request: Request) -> AppState:
     state: AppState = request.app.state.tokenrelay
     return state
 
 
-def get_settings(request: Request) -> Settings:
-    return get_state(request).settings
+async def get_settings(request: Request) -> Settings:
+    return (await get_state(request)).settings
 
 
 StateDep = Annotated[AppState, Depends(get_state)]
 SettingsDep = Annotated[Settings, Depends(get_settings)]
 
 
-def get_caller(state: StateDep, authorization: Annotated[str | None, Header()] = None) -> Caller:
+async def get_caller(
+    state: StateDep, authorization: Annotated[str | None, Header()] = None
+) -> Caller:
     if not state.api_key_hashes:
         return Caller(owner=ANONYMOUS)
     scheme, _, key = (authorization or "").partition(" ")
@@ -45,7 +53,17 @@ def get_caller(state: StateDep, authorization: Annotated[str | None, Header()] =
     hashed = hash_key(key.strip())
     if hashed not in state.api_key_hashes:
         raise Unauthorized("invalid API key", param="authorization")
-    return Caller(owner=hashed[:24])
+    return Caller(owner=hashed[:24], is_admin=hashed in state.admin_key_hashes)
 
 
 CallerDep = Annotated[Caller, Depends(get_caller)]
+
+
+def get_admin(state: StateDep, caller: CallerDep) -> Caller:
+    """Operator-only routes: open without API keys; with keys, an admin key (else 403)."""
+    if state.api_key_hashes and not caller.is_admin:
+        raise Forbidden("this route needs an admin API key (TOKENRELAY_ADMIN_API_KEYS)")
+    return caller
+
+
+AdminDep = Annotated[Caller, Depends(get_admin)]

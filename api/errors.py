@@ -26,8 +26,10 @@ def error_response(exc: TokenrelayError) -> JSONResponse:
 
 
 def validation_message(exc: RequestValidationError) -> tuple[str, str | None]:
-    first = exc.errors()[0]
-    location = [str(part) for part in first.get("loc", ()) if part != "body"]
+    # The deepest error is the most specific: for `content: [{"type": "image_url"}]` it is
+    # the part's `type`, not the `str` branch of the union that also failed.
+    first = max(exc.errors(), key=lambda error: len(error.get("loc", ())))
+    location = [str(part) for part in first.get("loc", ()) if not _is_noise(part)]
     field = ".".join(location) or None
     message = first.get("msg", "invalid request")
     if first.get("type") == "json_invalid":
@@ -35,6 +37,16 @@ def validation_message(exc: RequestValidationError) -> tuple[str, str | None]:
     if field is None:
         return f"invalid request body: {message}", None
     return f"`{field}`: {message}", field
+
+
+def _is_noise(part: object) -> bool:
+    """`body` and the union-branch tags pydantic puts in a location (`str`, `list[TextPart]`)."""
+    if not isinstance(part, str):
+        return False
+    return part in _UNION_TAGS or "[" in part or part[:1].isupper()
+
+
+_UNION_TAGS = frozenset({"body", "str", "int", "float", "bool", "none", "list", "dict"})
 
 
 async def _tokenrelay_error(_: Request, exc: Exception) -> JSONResponse:
@@ -57,7 +69,12 @@ async def _http_error(_: Request, exc: Exception) -> JSONResponse:
     assert isinstance(exc, HTTPException)
     if exc.status_code == 404:
         return error_response(NotFound("no such route; see /docs for the API"))
-    error = TokenrelayError(str(exc.detail))
+    if isinstance(exc.__cause__, UnicodeDecodeError):  # FastAPI's "error parsing the body"
+        cause = exc.__cause__
+        message = f"the request body is not valid UTF-8 ({cause.reason} at byte {cause.start})"
+        return error_response(InvalidRequest(message))
+    error_class = InvalidRequest if exc.status_code < 500 else TokenrelayError
+    error = error_class(str(exc.detail))
     return JSONResponse(error.body(), status_code=exc.status_code, headers=exc.headers)
 
 

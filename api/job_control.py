@@ -6,6 +6,7 @@ import asyncio
 import logging
 import uuid
 
+from api import request_log
 from api.deps import Caller
 from api.state import AppState
 from shared import keys, scripts
@@ -22,8 +23,10 @@ async def submit(state: AppState, caller: Caller, request: GenerationRequest) ->
     """Admit and enqueue a job; raises `Overloaded` when the global limit is reached."""
     job_id = uuid.uuid4().hex
     settings = state.settings
+    request_log.note_generation(caller.owner, request)
     reply = await state.scripts.run(scripts.admit(settings, job_id, caller.owner, request.model))
     scripts.check_admitted(reply)
+    request_log.note_job(job_id)
     try:
         await asyncio.to_thread(enqueue_generation, state.rq_connection, settings, job_id, request)
     except Exception as exc:
@@ -38,6 +41,7 @@ async def submit(state: AppState, caller: Caller, request: GenerationRequest) ->
 
 async def get_record(state: AppState, caller: Caller, job_id: str) -> JobRecord:
     """The job's record; 404 for unknown ids and for jobs of another caller alike."""
+    request_log.note_job(job_id, caller.owner)
     if not JOB_ID_PATTERN.match(job_id):
         raise JobNotFound(f"no job {job_id!r}")
     async with state.redis.pipeline(transaction=False) as pipe:

@@ -15,6 +15,9 @@ from api.streams import StreamHub
 from shared.script_runner import AsyncScripts
 from shared.settings import Settings
 
+REDIS_POOL_SIZE = 32
+REDIS_POOL_WAIT_S = 5.0
+
 
 def hash_key(api_key: str) -> str:
     """API keys are kept only as SHA-256 hashes; a caller's owner id is derived from it."""
@@ -29,20 +32,31 @@ class AppState:
     scripts: AsyncScripts
     hub: StreamHub
     api_key_hashes: frozenset[str]
+    admin_key_hashes: frozenset[str] = frozenset()
     _background: set[asyncio.Task[Any]] = field(default_factory=set)
 
     @classmethod
     def build(cls, settings: Settings) -> AppState:
-        client = redis.asyncio.Redis.from_url(
-            settings.redis_url, decode_responses=True, health_check_interval=30
+        # A burst of requests waits briefly for a pooled connection instead of failing with
+        # "Too many connections" (redis-py's default pool caps at 100 and refuses the rest).
+        pool = redis.asyncio.BlockingConnectionPool.from_url(
+            settings.redis_url,
+            decode_responses=True,
+            health_check_interval=30,
+            max_connections=REDIS_POOL_SIZE,
+            timeout=REDIS_POOL_WAIT_S,
         )
+        client = redis.asyncio.Redis.from_pool(pool)
         return cls(
             settings=settings,
             redis=client,
             rq_connection=Redis.from_url(settings.redis_url),
             scripts=AsyncScripts(client),
             hub=StreamHub(client),
-            api_key_hashes=frozenset(hash_key(key) for key in settings.api_keys),
+            api_key_hashes=frozenset(
+                hash_key(key) for key in (*settings.api_keys, *settings.admin_api_keys)
+            ),
+            admin_key_hashes=frozenset(hash_key(key) for key in settings.admin_api_keys),
         )
 
     def spawn(self, work: Coroutine[Any, Any, Any]) -> None:

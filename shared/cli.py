@@ -1,4 +1,6 @@
-"""The `tokenrelay` command: `serve`, `api`, `worker`, `make-tiny-model`.
+"""The `tokenrelay` command: `serve`, `api`, `worker`, `make-tiny-model`, and API clients.
+
+The client commands (`chat`, `submit`, `status`, `cancel`, `top`) live in `shared.client`.
 
 Heavy imports (uvicorn, torch) happen inside the subcommand that needs them, so
 `tokenrelay api` never loads torch and `tokenrelay --help` is instant.
@@ -11,15 +13,17 @@ import os
 import signal
 import subprocess
 import sys
+import tempfile
 import time
-from collections.abc import Sequence
-from contextlib import ExitStack
+from collections.abc import Iterator, Sequence
+from contextlib import ExitStack, contextmanager
 from pathlib import Path
 from types import FrameType
 
 from shared.settings import DEMO_MODEL_NAME, Settings
 
 REDIS_URL_ENV = "TOKENRELAY_REDIS_URL"
+MULTIPROC_DIR_ENV = "PROMETHEUS_MULTIPROC_DIR"
 _CHILD_STOP_TIMEOUT_S = 30.0
 _CHILD_POLL_S = 0.2
 
@@ -56,22 +60,90 @@ def _parser() -> argparse.ArgumentParser:
     tiny.add_argument("--shape", default="tiny", choices=("tiny", "qwen2-0.5b"))
     tiny.add_argument("--seed", type=int, default=0)
     tiny.set_defaults(handler=_make_tiny_model)
+    _add_client_commands(commands)
     return parser
+
+
+def _add_client_commands(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    """Subcommands that talk to a running API over HTTP (`shared.client`, loaded lazily)."""
+    connection = argparse.ArgumentParser(add_help=False)
+    connection.add_argument("--url", help="the API (default: $TOKENRELAY_URL or 127.0.0.1:8000)")
+    connection.add_argument("--api-key", help="API key (default: $TOKENRELAY_API_KEY)")
+    generation = argparse.ArgumentParser(add_help=False)
+    generation.add_argument("question")
+    generation.add_argument("--model", help="default: the one model the API serves")
+    generation.add_argument("--system", help="a system message")
+    generation.add_argument("--max-tokens", type=int)
+    job = argparse.ArgumentParser(add_help=False)
+    job.add_argument("job_id")
+    for name, parents, help_text in (
+        ("chat", [generation], "stream an answer to the terminal"),
+        ("submit", [generation], "submit an async job; prints its id"),
+        ("status", [job], "print a job's record: status, text, usage"),
+        ("cancel", [job], "cancel a job"),
+        ("top", [], "live in-flight jobs, queues and workers (GET /v1/cluster)"),
+    ):
+        sub = commands.add_parser(name, parents=[*parents, connection], help=help_text)
+        sub.set_defaults(handler=_client, client_command=name)
+        if name == "status":
+            sub.add_argument("--json", action="store_true", help="the record as JSON")
+        if name == "top":
+            sub.add_argument("--interval", type=float, default=1.0, help="seconds between polls")
+            sub.add_argument("--once", action="store_true", help="print one snapshot and exit")
+
+
+def _client(args: argparse.Namespace) -> int:
+    from shared.client import run
+
+    return run(args)
 
 
 def _api(args: argparse.Namespace) -> int:
     import uvicorn
 
+    from api.request_log import uvicorn_log_config
+
     Settings()  # fail fast, with pydantic's message, on invalid settings
-    uvicorn.run(
-        "api.app:create_app_from_env",
-        factory=True,
-        host=args.host,
-        port=args.port,
-        workers=args.workers,
-        timeout_graceful_shutdown=30,
-    )
+    with _prometheus_multiproc_dir():
+        uvicorn.run(
+            "api.app:create_app_from_env",
+            factory=True,
+            host=args.host,
+            port=args.port,
+            workers=args.workers,
+            timeout_graceful_shutdown=30,
+            log_config=uvicorn_log_config(),
+            access_log=False,  # the request log (`api.request_log`) has one line per request
+        )
     return 0
+
+
+@contextmanager
+def _prometheus_multiproc_dir() -> Iterator[None]:
+    """Point prometheus-client at one directory for all uvicorn workers (set before any of
+    them imports it), so a scrape of any worker merges them all. A directory given in
+    `PROMETHEUS_MULTIPROC_DIR` is emptied of stale files; else a temporary one is used."""
+    given = os.environ.get(MULTIPROC_DIR_ENV)
+    if given:
+        Path(given).mkdir(parents=True, exist_ok=True)
+        for stale in Path(given).glob("*.db"):
+            stale.unlink()
+        yield
+        return
+    with tempfile.TemporaryDirectory(prefix="tokenrelay-metrics-") as path:
+        os.environ[MULTIPROC_DIR_ENV] = path
+        # uvicorn re-raises the SIGTERM it handled once it has shut down: leave through
+        # Python then (exit status 143), so that the directory is removed.
+        previous = signal.signal(signal.SIGTERM, _exit_on_signal)
+        try:
+            yield
+        finally:
+            signal.signal(signal.SIGTERM, previous)
+            del os.environ[MULTIPROC_DIR_ENV]
+
+
+def _exit_on_signal(signum: int, frame: FrameType | None) -> None:
+    raise SystemExit(128 + signum)
 
 
 def _worker(args: argparse.Namespace) -> int:

@@ -4,9 +4,11 @@
     ├── InvalidRequest              (400 invalid_request_error)
     │   └── ContextLengthExceeded   (400 context_length_exceeded)
     ├── Unauthorized                (401 invalid_api_key)
+    ├── Forbidden                   (403 forbidden)
     ├── NotFound                    (404 not_found)
     │   ├── JobNotFound             (404 job_not_found)
     │   └── ModelNotFound           (404 model_not_found)
+    ├── PayloadTooLarge             (413 request_too_large)
     ├── Overloaded                  (503 cluster_overloaded)
     ├── RedisUnavailable            (503 redis_unavailable)
     ├── QueueWaitExpired            (503 expired)
@@ -56,11 +58,22 @@ class InvalidRequest(TokenrelayError):
 class ContextLengthExceeded(InvalidRequest):
     error_type = "context_length_exceeded"
 
+    def __init__(self, message: str, *, param: str | None = "messages") -> None:
+        super().__init__(message, param=param)
+
 
 class Unauthorized(TokenrelayError):
     error_type = "invalid_api_key"
     status_code = 401
     openai_type = "authentication_error"
+
+
+class Forbidden(TokenrelayError):
+    """A valid key that lacks the right: the cluster view needs an admin key."""
+
+    error_type = "forbidden"
+    status_code = 403
+    openai_type = "permission_error"
 
 
 class NotFound(TokenrelayError):
@@ -75,6 +88,14 @@ class JobNotFound(NotFound):
 
 class ModelNotFound(NotFound):
     error_type = "model_not_found"
+
+
+class PayloadTooLarge(TokenrelayError):
+    """The request body is larger than `TOKENRELAY_MAX_REQUEST_BYTES`."""
+
+    error_type = "request_too_large"
+    status_code = 413
+    openai_type = "invalid_request_error"
 
 
 class Overloaded(TokenrelayError):
@@ -124,9 +145,11 @@ _BY_TYPE: dict[str, type[TokenrelayError]] = {
         InvalidRequest,
         ContextLengthExceeded,
         Unauthorized,
+        Forbidden,
         NotFound,
         JobNotFound,
         ModelNotFound,
+        PayloadTooLarge,
         Overloaded,
         RedisUnavailable,
         QueueWaitExpired,

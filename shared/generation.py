@@ -17,6 +17,8 @@ class ChatMessage(BaseModel):
 class GenerationRequest(BaseModel):
     """One generation, already checked against the settings' bounds.
 
+    Either `messages` (a chat, rendered by the model's chat template) or `prompt` (raw text,
+    for `/v1/completions`) is set.
     `temperature` and `top_p` left `None` take the model's generation defaults;
     `temperature == 0` means greedy decoding; end-of-sequence is suppressed until
     `min_tokens` tokens were generated (vLLM's extension of the OpenAI API).
@@ -25,10 +27,12 @@ class GenerationRequest(BaseModel):
     model_config = ConfigDict(frozen=True)
 
     model: str
-    messages: tuple[ChatMessage, ...]
+    messages: tuple[ChatMessage, ...] = ()
+    prompt: str | None = None
     max_tokens: int
     min_tokens: int = 0
     temperature: float | None = None
     top_p: float | None = None
     stop: tuple[str, ...] = ()
+    include_stop_str_in_output: bool = False
     seed: int | None = None

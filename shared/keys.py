@@ -40,6 +40,16 @@ def cancel_channel() -> str:
     return f"{PREFIX}:cancel"
 
 
+def recent_jobs() -> str:
+    """List of the ids of the most recently admitted jobs, newest first (capped)."""
+    return f"{PREFIX}:recent-jobs"
+
+
+def rejections() -> str:
+    """Hash counting refused admissions: field `error_type`, value how many."""
+    return f"{PREFIX}:rejections"
+
+
 def generation_queue() -> str:
     """Name of the RQ queue that workers drain (RQ stores it as `rq:queue:<name>`)."""
     return PREFIX

@@ -99,23 +99,29 @@ end
 """
 
 _REAP_BATCH = 100
+RECENT_JOBS_KEPT = 50
 
 ADMIT = (
     _LIBRARY
     + r"""
+-- KEYS[2] recent job ids (list, newest first), KEYS[3] rejection counts (hash).
 -- ARGV[7] job id, ARGV[8] limit, ARGV[9] queued lease (ms), ARGV[10] owner, ARGV[11] model,
--- ARGV[12] the most expired leases to reap first.
+-- ARGV[12] the most expired leases to reap first, ARGV[13] how many recent job ids to keep,
+-- ARGV[14] the error type a refusal is counted under.
 -- Returns {1, in_flight} when admitted, {0, in_flight} when the limit is reached.
 local id, limit, lease_ms = ARGV[7], tonumber(ARGV[8]), tonumber(ARGV[9])
 local now = now_ms()
 reap(now, tonumber(ARGV[12]))
 local in_flight = redis.call('ZCARD', LEASES)
 if in_flight >= limit then
+  redis.call('HINCRBY', KEYS[3], ARGV[14], 1)
   return {0, in_flight}
 end
 redis.call('ZADD', LEASES, now + lease_ms, id)
 redis.call('HSET', key(T_HASH, id), 'status', 'queued', 'owner', ARGV[10], 'model', ARGV[11],
   'created_at', now_s_text(), 'next_seq', 0)
+redis.call('LPUSH', KEYS[2], id)
+redis.call('LTRIM', KEYS[2], 0, tonumber(ARGV[13]) - 1)
 return {1, in_flight + 1}
 """
 )
@@ -237,9 +243,11 @@ class ScriptCall:
     args: list[Arg]
 
 
-def _library_call(source: str, settings: Settings, *args: Arg) -> ScriptCall:
+def _library_call(
+    source: str, settings: Settings, *args: Arg, extra_keys: tuple[str, ...] = ()
+) -> ScriptCall:
     header: list[Arg] = [*keys.JOB_KEY_TEMPLATES, settings.event_log_maxlen, settings.result_ttl_s]
-    return ScriptCall(source, [keys.leases()], [*header, *args])
+    return ScriptCall(source, [keys.leases(), *extra_keys], [*header, *args])
 
 
 def admit(settings: Settings, job_id: str, owner: str, model: str) -> ScriptCall:
@@ -252,6 +260,9 @@ def admit(settings: Settings, job_id: str, owner: str, model: str) -> ScriptCall
         owner,
         model,
         _REAP_BATCH,
+        RECENT_JOBS_KEPT,
+        Overloaded.error_type,
+        extra_keys=(keys.recent_jobs(), keys.rejections()),
     )
 
 

@@ -57,10 +57,14 @@ def test_openapi_schema_lists_the_http_surface(redis_url: str) -> None:
     paths = schema["paths"]
     assert set(paths) == {
         "/v1/chat/completions",
+        "/v1/completions",
+        "/",
+        "/chat",
         "/v1/models",
         "/v1/jobs",
         "/v1/jobs/{job_id}",
         "/v1/jobs/{job_id}/events",
+        "/v1/cluster",
         "/healthz",
         "/readyz",
     }
@@ -85,3 +89,18 @@ def test_readyz_is_503_when_redis_is_unreachable() -> None:
         )
         assert chat.status_code == 503
         assert chat.json()["error"]["code"] == "redis_unavailable"
+
+
+def test_a_job_that_can_never_fit_a_batch_is_refused_at_admission(redis_url: str) -> None:
+    settings = Settings(
+        redis_url=redis_url,
+        served_model_name="m",
+        worker_max_batch_tokens=100,
+        default_max_tokens=50,
+    )
+    with TestClient(create_app(settings)) as client:
+        body = {"model": "m", "messages": MESSAGES, "max_tokens": 100}
+        response = client.post("/v1/jobs", json=body)
+        assert response.status_code == 400
+        assert response.json()["error"]["param"] == "max_tokens"
+        assert "WORKER_MAX_BATCH_TOKENS" in response.json()["error"]["message"]

@@ -265,3 +265,19 @@ def test_too_long_prompt_fails_with_context_length_exceeded(client: openai.OpenA
 
 def test_models_lists_the_served_model(client: openai.OpenAI) -> None:
     assert [m.id for m in client.models.list()] == [MODEL_NAME]
+
+
+def test_text_completions_stream_and_not(client: openai.OpenAI) -> None:
+    fields = {"model": MODEL_NAME, "prompt": "Once upon a time", "max_tokens": 12, "seed": 3}
+    whole = client.completions.create(**fields, temperature=1.0)  # type: ignore[call-overload]
+    chunks = list(
+        client.completions.create(  # type: ignore[call-overload]
+            **fields, temperature=1.0, stream=True, stream_options={"include_usage": True}
+        )
+    )
+    streamed = "".join(c.choices[0].text for c in chunks if c.choices)
+    assert streamed == whole.choices[0].text
+    assert whole.choices[0].finish_reason in ("stop", "length")
+    assert whole.usage is not None and chunks[-1].usage == whole.usage
+    with pytest.raises(openai.BadRequestError, match="logprobs"):
+        client.completions.create(model=MODEL_NAME, prompt="x", logprobs=2)

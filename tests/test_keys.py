@@ -10,6 +10,8 @@ def test_key_strings_are_pinned() -> None:
     assert keys.job_channel("abc") == "tokenrelay:job:abc:channel"
     assert keys.job_text("abc") == "tokenrelay:job:abc:text"
     assert keys.cancel_channel() == "tokenrelay:cancel"
+    assert keys.recent_jobs() == "tokenrelay:recent-jobs"
+    assert keys.rejections() == "tokenrelay:rejections"
     assert keys.generation_queue() == "tokenrelay"
 
 

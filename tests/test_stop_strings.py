@@ -38,3 +38,10 @@ def test_a_possible_stop_prefix_is_held_back_until_resolved() -> None:
     matcher = StopStringMatcher(["END"])
     assert matcher.feed("abc EN") == "abc "
     assert matcher.feed("Z") == "ENZ"
+
+
+def test_the_stop_string_itself_is_kept_when_asked() -> None:
+    matcher = StopStringMatcher(["Observation:"], include_stop=True)
+    sent = matcher.feed("Thought: go\nObserv") + matcher.feed("ation: x")
+    assert sent == "Thought: go\nObservation:"
+    assert matcher.stopped

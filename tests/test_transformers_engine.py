@@ -49,14 +49,14 @@ def test_a_job_gives_the_same_tokens_alone_and_in_a_changing_batch(
 ) -> None:
     alone_greedy, _ = run(engine, [("a", "hello there", GREEDY, 0)])
     alone_seeded, _ = run(
-        engine, [("b", "你好，世界 🚀 a longer prompt than the first", SEEDED, 0)]
+        engine, [("b", "你好, 世界 🚀 a longer prompt than the first", SEEDED, 0)]
     )
     shared, sizes = run(
         engine,
         [
             ("x", "a prompt that starts first", GREEDY, 0),
             ("a", "hello there", GREEDY, 3),
-            ("b", "你好，世界 🚀 a longer prompt than the first", SEEDED, 7),
+            ("b", "你好, 世界 🚀 a longer prompt than the first", SEEDED, 7),
             ("y", "short", SEEDED, 7),
         ],
     )

@@ -45,7 +45,10 @@ class JobRunner:
     def generate(self, job_id: str, request: dict[str, Any]) -> dict[str, str]:
         """Run the job; returns its terminal status. Raises if it failed (RQ marks it failed)."""
         parsed = GenerationRequest.model_validate(request)
-        prompt_ids = self._engine.encode_chat(parsed.messages)
+        if parsed.prompt is not None:
+            prompt_ids = self._engine.encode_prompt(parsed.prompt)
+        else:
+            prompt_ids = self._engine.encode_chat(parsed.messages)
         started = Started(worker=self._worker_name, prompt_tokens=len(prompt_ids))
         self._active.add(job_id)
         try:
@@ -67,7 +70,9 @@ class JobRunner:
                 prompt_ids=prompt_ids,
                 params=self._sampling(request),
                 decoder=self._engine.new_decoder(),
-                matcher=StopStringMatcher(request.stop),
+                matcher=StopStringMatcher(
+                    request.stop, include_stop=request.include_stop_str_in_output
+                ),
             )
             self._batcher.submit(job)
             self._wait(job)

@@ -1,7 +1,9 @@
 """Cut generated text at the first stop string, never streaming part of one.
 
 Text that could still turn into a stop string is held back until it cannot; the client
-never sees a stop string or a prefix of one that was about to become it.
+never sees a stop string or a prefix of one that was about to become it, unless the
+request asks for the stop string in the output (`include_stop_str_in_output`, as vLLM;
+the second article's `user_stop_words` work that way).
 """
 
 from __future__ import annotations
@@ -10,8 +12,9 @@ from collections.abc import Sequence
 
 
 class StopStringMatcher:
-    def __init__(self, stops: Sequence[str]) -> None:
+    def __init__(self, stops: Sequence[str], *, include_stop: bool = False) -> None:
         self._stops = tuple(s for s in stops if s)
+        self._include_stop = include_stop
         self._held = ""
         self.stopped = False
 
@@ -23,11 +26,12 @@ class StopStringMatcher:
         if self.stopped:
             return ""
         pending = self._held + text
-        cut = min((i for i in (pending.find(s) for s in self._stops) if i >= 0), default=-1)
-        if cut >= 0:
+        found = [(i, i + len(s)) for s in self._stops if (i := pending.find(s)) >= 0]
+        if found:
+            start, end = min(found)
             self.stopped = True
             self._held = ""
-            return pending[:cut]
+            return pending[: end if self._include_stop else start]
         keep = self._longest_stop_prefix_suffix(pending)
         self._held = pending[len(pending) - keep :]
         return pending[: len(pending) - keep]

@@ -42,6 +42,9 @@ class SyntheticEngine:
     def encode_chat(self, messages: Sequence[ChatMessage]) -> list[int]:
         return [len(word) for m in messages for word in m.content.split()] or [0]
 
+    def encode_prompt(self, prompt: str) -> list[int]:
+        return [len(word) for word in prompt.split()] or [0]
+
     def sampling_defaults(self) -> tuple[float, float, int]:
         return (1.0, 1.0, 0)
 

@@ -98,6 +98,9 @@ class TransformersEngine:
         )
         return [int(i) for i in ids]
 
+    def encode_prompt(self, prompt: str) -> list[int]:
+        return [int(i) for i in self.tokenizer(prompt, add_special_tokens=False)["input_ids"]]
+
     def sampling_defaults(self) -> tuple[float, float, int]:
         return self._defaults
 

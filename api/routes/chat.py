@@ -6,13 +6,14 @@ import json
 import time
 from collections.abc import AsyncIterator
 
-from fastapi import APIRouter
+from fastapi import APIRouter, Request
 from redis.exceptions import RedisError
 from starlette.responses import StreamingResponse
 
 from api import sse
 from api.deps import CallerDep, StateDep
 from api.job_control import cancel_quietly, submit
+from api.metrics import observe_events
 from api.openai_schema import (
     AssistantMessage,
     ChatCompletion,
@@ -23,6 +24,7 @@ from api.openai_schema import (
     Delta,
 )
 from api.state import AppState
+from api.stream_start import StreamItem, first_output
 from api.streams import Heartbeat
 from shared.errors import ModelNotFound, RedisUnavailable, TokenrelayError, from_type
 from shared.events import Done, Error, TokenChunk, Usage
@@ -41,20 +43,22 @@ def check_model(settings: Settings, model: str) -> None:
 
 @router.post("/chat/completions", response_model=None)
 async def create_chat_completion(
-    body: ChatCompletionRequest, state: StateDep, caller: CallerDep
+    body: ChatCompletionRequest, state: StateDep, caller: CallerDep, http: Request
 ) -> ChatCompletion | StreamingResponse:
     check_model(state.settings, body.model)
     request = body.to_generation(state.settings)
     job_id = await submit(state, caller, request)
     if body.stream:
         include_usage = bool(body.stream_options and body.stream_options.include_usage)
-        return sse.response(_stream(state, job_id, body.model, include_usage))
+        events = await first_output(state, job_id, http.receive)
+        return sse.response(_stream(state, job_id, body.model, include_usage, events))
     return await _complete(state, job_id, body.model)
 
 
 async def _complete(state: AppState, job_id: str, model: str) -> ChatCompletion:
     parts: list[str] = []
-    async for event in state.hub.events(job_id, idle_s=state.settings.sse_ping_s):
+    events = state.hub.events(job_id, idle_s=state.settings.sse_ping_s)
+    async for event in observe_events(state.redis, job_id, events):
         if isinstance(event, TokenChunk):
             parts.append(event.text)
         elif isinstance(event, Done):
@@ -76,13 +80,17 @@ async def _complete(state: AppState, job_id: str, model: str) -> ChatCompletion:
 
 
 async def _stream(
-    state: AppState, job_id: str, model: str, include_usage: bool
+    state: AppState,
+    job_id: str,
+    model: str,
+    include_usage: bool,
+    events: AsyncIterator[StreamItem],
 ) -> AsyncIterator[bytes]:
     chunk = _ChunkWriter(job_id, model)
     ended = False
     try:
         yield chunk.delta(Delta(role="assistant", content=""))
-        async for event in state.hub.events(job_id, idle_s=state.settings.sse_ping_s):
+        async for event in events:
             if isinstance(event, TokenChunk):
                 yield chunk.delta(Delta(content=event.text))
             elif isinstance(event, Done):

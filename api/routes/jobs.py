@@ -63,12 +63,17 @@ async def job_events(
     return sse.response(_events(state, job_id, after_seq))
 
 
+_MAX_SEQ = 2**63 - 1  # event `seq`s are Redis integers; the log is read from `seq + 1`
+
+
 def _parse_last_event_id(value: str | None) -> int:
     if value is None or value == "":
         return -1
-    if not value.isdigit():
+    digits = value.isascii() and value.isdigit() and len(value) <= len(str(_MAX_SEQ))
+    if not (digits and int(value) < _MAX_SEQ):
         raise InvalidRequest(
-            f"`Last-Event-ID` must be a non-negative integer, got {value!r}", param="Last-Event-ID"
+            f"`Last-Event-ID` must be a non-negative integer, got {value[:40]!r}",
+            param="Last-Event-ID",
         )
     return int(value)
 

@@ -1,0 +1,88 @@
+"""Refuse request bodies over `TOKENRELAY_MAX_REQUEST_BYTES` with a 413, as pure ASGI.
+
+A declared `Content-Length` over the limit is refused before the body is read. A body sent
+without one (chunked) is counted as it streams in: the read that crosses the limit raises
+`BodyTooLarge`, and whatever response the app then starts (FastAPI turns a failed body read
+into a 400) is replaced by the 413. Either way the app never holds more than the limit.
+"""
+
+from __future__ import annotations
+
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from api.errors import error_response
+from shared.errors import PayloadTooLarge
+
+
+class BodyTooLarge(Exception):
+    """Raised into the app by `receive` when the streamed body crosses the limit."""
+
+
+class BodySizeLimit:
+    def __init__(self, app: ASGIApp, max_bytes: int) -> None:
+        self.app = app
+        self.max_bytes = max_bytes
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        declared = _content_length(scope)
+        if declared is not None and declared > self.max_bytes:
+            error = PayloadTooLarge(
+                f"the request body is {declared} bytes; the limit is {self.max_bytes} "
+                "(TOKENRELAY_MAX_REQUEST_BYTES)"
+            )
+            await error_response(error)(scope, receive, send)
+            return
+        guard = _Guard(receive, send, self.max_bytes)
+        try:
+            await self.app(scope, guard.receive, guard.send)
+        except BodyTooLarge:
+            if guard.started:
+                raise
+        if guard.exceeded and not guard.started:
+            await guard.refuse(scope)
+
+
+class _Guard:
+    """Counts the body as the app reads it; once over the limit, answers 413 instead."""
+
+    def __init__(self, receive: Receive, send: Send, max_bytes: int) -> None:
+        self._receive = receive
+        self._send = send
+        self._max_bytes = max_bytes
+        self._received = 0
+        self.exceeded = False
+        self.started = False
+
+    async def receive(self) -> Message:
+        message = await self._receive()
+        if message["type"] == "http.request":
+            self._received += len(message.get("body", b""))
+            if self._received > self._max_bytes:
+                self.exceeded = True
+                raise BodyTooLarge
+        return message
+
+    async def send(self, message: Message) -> None:
+        if self.exceeded and not self.started:
+            return  # the app's answer to the failed read; `refuse` sends the 413
+        if message["type"] == "http.response.start":
+            self.started = True
+        await self._send(message)
+
+    async def refuse(self, scope: Scope) -> None:
+        self.started = True
+        error = PayloadTooLarge(
+            f"the request body exceeds the limit of {self._max_bytes} bytes "
+            "(TOKENRELAY_MAX_REQUEST_BYTES)"
+        )
+        await error_response(error)(scope, self._receive, self._send)
+
+
+def _content_length(scope: Scope) -> int | None:
+    for name, value in scope["headers"]:
+        if name == b"content-length":
+            return int(value) if value.isdigit() else None
+    return None

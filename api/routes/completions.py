@@ -1,0 +1,76 @@
+"""`POST /v1/completions`: OpenAI's text completions (a raw prompt, no chat template)."""
+
+from __future__ import annotations
+
+import json
+import time
+
+from fastapi import APIRouter, Request
+from starlette.responses import StreamingResponse
+
+from api import sse
+from api.deps import CallerDep, StateDep
+from api.job_control import submit
+from api.openai_schema import Completion, CompletionChoice, CompletionRequest
+from api.relay import collect, relay
+from api.routes.chat import check_model
+from api.stream_start import first_output
+from shared.errors import TokenrelayError
+from shared.events import Done
+
+router = APIRouter(prefix="/v1", tags=["completions"])
+
+
+@router.post("/completions", response_model=None)
+async def create_completion(
+    body: CompletionRequest, state: StateDep, caller: CallerDep, http: Request
+) -> Completion | StreamingResponse:
+    check_model(state.settings, body.model)
+    job_id = await submit(state, caller, body.to_generation(state.settings))
+    render = _CompletionSSE(
+        job_id, body.model, bool(body.stream_options and body.stream_options.include_usage)
+    )
+    if body.stream:
+        events = await first_output(state, job_id, http.receive)
+        return sse.response(relay(state, job_id, events, render))
+    text, done = await collect(state, job_id)
+    return render.completion(text, done.finish_reason, done)
+
+
+class _CompletionSSE:
+    def __init__(self, job_id: str, model: str, include_usage: bool) -> None:
+        self._id = f"cmpl-{job_id}"
+        self._model = model
+        self._created = int(time.time())
+        self._include_usage = include_usage
+
+    def completion(self, text: str, finish_reason: str | None, done: Done | None) -> Completion:
+        return Completion(
+            id=self._id,
+            created=self._created,
+            model=self._model,
+            choices=[CompletionChoice(text=text, finish_reason=finish_reason)],
+            usage=done.usage if done is not None else None,
+        )
+
+    def text(self, text: str) -> bytes:
+        return sse.encode(self.completion(text, None, None).model_dump_json())
+
+    def done(self, event: Done) -> bytes:
+        final = self.completion("", event.finish_reason, None)
+        out = sse.encode(final.model_dump_json())
+        if self._include_usage:
+            usage = Completion(
+                id=self._id, created=self._created, model=self._model, choices=[], usage=event.usage
+            )
+            out += sse.encode(usage.model_dump_json())
+        return out
+
+    def error(self, exc: TokenrelayError) -> bytes:
+        return sse.encode(json.dumps(exc.body()))
+
+    def ping(self) -> bytes:
+        return sse.comment()
+
+    def end(self) -> bytes:
+        return sse.encode("[DONE]")

@@ -1,0 +1,167 @@
+"""The client commands (`tokenrelay chat`, `submit`, `status`, `cancel`, `top`) as a user runs
+them, against real `tokenrelay api` and `tokenrelay worker` processes."""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+import redis
+from rq import Worker
+from rq.serializers import JSONSerializer
+
+from shared.client import _sse_data
+from shared.embedded_redis import EmbeddedRedis, free_port
+from tests.cluster import MODEL_NAME, Cluster, tokenrelay_command
+
+LONG_JOB_TOKENS = 1800  # many seconds on the tiny model (2048 positions): holds the one slot
+COMMAND_TIMEOUT_S = 60
+
+
+@pytest.fixture(scope="module")
+def cluster(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
+    with EmbeddedRedis() as server:
+        cluster = Cluster(
+            redis_url=server.url,
+            model_dir=tiny_model_dir,
+            log_dir=tmp_path_factory.mktemp("cli-client-logs"),
+            settings={"TOKENRELAY_MAX_INFLIGHT": "2", "TOKENRELAY_WORKER_CONCURRENCY": "1"},
+        )
+        try:
+            cluster.start_worker()
+            cluster.start_api()
+            yield cluster
+        finally:
+            cluster.stop()
+
+
+@pytest.fixture
+def http(cluster: Cluster) -> Iterator[httpx.Client]:
+    with httpx.Client(base_url=cluster.base_url, timeout=30) as client:
+        yield client
+
+
+def tokenrelay(cluster: Cluster, *args: str, **env: str) -> subprocess.CompletedProcess[str]:
+    """Run `tokenrelay ARGS` with `TOKENRELAY_URL` pointing at the cluster."""
+    environ = {k: v for k, v in os.environ.items() if k != "TOKENRELAY_API_KEY"}
+    environ.update(TOKENRELAY_URL=cluster.base_url, **env)
+    return subprocess.run(
+        tokenrelay_command(*args),
+        env=environ,
+        capture_output=True,
+        text=True,
+        timeout=COMMAND_TIMEOUT_S,
+    )
+
+
+def assert_one_clear_error(result: subprocess.CompletedProcess[str], *expected: str) -> None:
+    assert result.returncode == 1
+    assert result.stdout == ""
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1, result.stderr
+    for text in expected:
+        assert text in lines[0]
+
+
+def start_long_job(http: httpx.Client) -> str:
+    body = {
+        "model": MODEL_NAME,
+        "messages": [{"role": "user", "content": "go on"}],
+        "max_tokens": LONG_JOB_TOKENS,
+        "min_tokens": LONG_JOB_TOKENS,
+    }
+    response = http.post("/v1/jobs", json=body)
+    assert response.status_code == 202, response.text
+    job_id: str = response.json()["id"]
+    return job_id
+
+
+def end_jobs(http: httpx.Client, job_ids: list[str]) -> None:
+    """Cancel the jobs and wait for their final events (their leases are then released)."""
+    for job_id in job_ids:
+        http.delete(f"/v1/jobs/{job_id}")
+    for job_id in job_ids:
+        with http.stream("GET", f"/v1/jobs/{job_id}/events") as response:
+            for _ in response.iter_lines():
+                pass  # the stream ends after the job's `done` or `error` event
+
+
+@pytest.mark.e2e
+def test_chat_streams_an_answer_to_stdout(cluster: Cluster) -> None:
+    result = tokenrelay(cluster, "chat", "Write a poem about the sea", "--max-tokens", "16")
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip()
+    assert result.stderr == ""
+
+
+@pytest.mark.e2e
+def test_submit_status_cancel_round_trip(cluster: Cluster, http: httpx.Client) -> None:
+    blocker = start_long_job(http)  # the worker runs one job at a time: the next one waits
+    try:
+        submitted = tokenrelay(cluster, "submit", "hello", "--system", "Be brief.")
+        assert submitted.returncode == 0, submitted.stderr
+        job_id = submitted.stdout.strip()
+        assert re.fullmatch(r"[0-9a-f]{32}", job_id)
+
+        status = tokenrelay(cluster, "status", job_id)
+        assert status.returncode == 0, status.stderr
+        assert f"id: {job_id}" in status.stdout
+        assert "status: queued" in status.stdout
+        assert f"model: {MODEL_NAME}" in status.stdout
+
+        cancelled = tokenrelay(cluster, "cancel", job_id, "--url", cluster.base_url)
+        assert cancelled.returncode == 0, cancelled.stderr
+        assert cancelled.stdout.strip() == f"{job_id}: cancelled"
+        after = tokenrelay(cluster, "status", job_id)
+        assert "status: cancelled" in after.stdout
+    finally:
+        end_jobs(http, [blocker])
+
+
+@pytest.mark.e2e
+def test_refusals_are_one_clear_stderr_line_and_a_failure_status(
+    cluster: Cluster, http: httpx.Client
+) -> None:
+    unknown_model = tokenrelay(cluster, "chat", "hi", "--model", "nope")
+    assert_one_clear_error(unknown_model, "model_not_found", "nope", "HTTP 404")
+    too_long = tokenrelay(cluster, "chat", "hi", "--max-tokens", "100000")
+    assert_one_clear_error(too_long, "invalid_request_error", "max_tokens", "HTTP 400")
+    unknown_job = tokenrelay(cluster, "status", "0123456789abcdef")
+    assert_one_clear_error(unknown_job, "job_not_found", "HTTP 404")
+    nobody = f"http://127.0.0.1:{free_port()}"
+    unreachable = tokenrelay(cluster, "chat", "hi", "--url", nobody)
+    assert_one_clear_error(unreachable, f"cannot reach {nobody}")
+
+    jobs = [start_long_job(http), start_long_job(http)]  # TOKENRELAY_MAX_INFLIGHT=2
+    try:
+        for command in ("chat", "submit"):
+            overloaded = tokenrelay(cluster, command, "hi")
+            assert_one_clear_error(overloaded, "cluster_overloaded", "HTTP 503")
+            assert "Traceback" not in overloaded.stderr
+    finally:
+        end_jobs(http, jobs)
+
+
+@pytest.mark.e2e
+def test_top_once_shows_in_flight_queues_and_the_worker(cluster: Cluster) -> None:
+    connection = redis.Redis.from_url(cluster.redis_url)
+    try:
+        [worker] = Worker.all(connection=connection, serializer=JSONSerializer)
+    finally:
+        connection.close()
+    result = tokenrelay(cluster, "top", "--once", COLUMNS="200")
+    assert result.returncode == 0, result.stderr
+    assert "in flight 0/2" in result.stdout
+    assert "workers: 1" in result.stdout
+    assert worker.name in result.stdout
+    assert "tokenrelay" in result.stdout  # the queue
+
+
+def test_sse_data_joins_multi_line_events_and_skips_comments() -> None:
+    lines = [": ping", "", "data: a", "data: b", "", "id: 3", "data:c", "", "data: [DONE]", ""]
+    assert list(_sse_data(iter(lines))) == ["a\nb", "c", "[DONE]"]
