@@ -16,6 +16,7 @@ from api.request_log import RequestLog
 from api.routes import article_clients, chat, cluster, completions, console, health, jobs, models
 from api.routes import metrics as metrics_route
 from api.state import AppState
+from api.webhooks import dispatch_webhooks
 from shared.settings import Settings
 
 
@@ -26,12 +27,14 @@ def create_app(settings: Settings) -> FastAPI:
         app.state.tokenrelay = state
         state.hub.start()
         reaper = asyncio.create_task(reap_forever(state), name="lease-reaper")
+        webhooks = asyncio.create_task(dispatch_webhooks(state), name="webhook-dispatcher")
         try:
             yield
         finally:
-            reaper.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await reaper
+            for task in (reaper, webhooks):
+                task.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await task
             await state.close()
 
     app = FastAPI(

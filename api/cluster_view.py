@@ -19,7 +19,6 @@ from rq.worker import BaseWorker
 from api.state import AppState
 from shared import keys
 from shared.jobs import JobStatus
-from shared.rq_jobs import generation_queue
 from shared.settings import Settings
 
 _JOB_FIELDS = (
@@ -126,9 +125,7 @@ async def _read_tokenrelay(state: AppState, limit: int) -> ClusterView:
 
 def _read_rq(connection: redis.Redis) -> tuple[list[QueueView], list[tuple[BaseWorker, list[str]]]]:
     """Queue depths and live workers with the ids of the jobs they execute (RQ's registry)."""
-    found = Queue.all(connection=connection, serializer=JSONSerializer)
-    names = {queue.name for queue in found}
-    queues = found if keys.generation_queue() in names else [generation_queue(connection), *found]
+    queues = Queue.all(connection=connection, serializer=JSONSerializer)
     queue_views = [QueueView(name=queue.name, queued=queue.count) for queue in queues]
     workers = Worker.all(connection=connection, serializer=JSONSerializer)
     running = [

@@ -7,8 +7,9 @@ from typing import Annotated
 
 from fastapi import Depends, Header, Request
 
-from api.state import AppState, hash_key
+from api.state import AppState
 from shared.errors import Forbidden, Unauthorized
+from shared.rq_jobs import Priority
 from shared.settings import Settings
 
 ANONYMOUS = "anonymous"
@@ -20,6 +21,8 @@ class Caller:
 
     owner: str
     is_admin: bool = False
+    max_inflight: int | None = None
+    priority: Priority = "normal"
 
 
 # Dependencies are `async def` although they never await: FastAPI runs a plain `def`
@@ -43,17 +46,22 @@ SettingsDep = Annotated[Settings, Depends(get_settings)]
 async def get_caller(
     state: StateDep, authorization: Annotated[str | None, Header()] = None
 ) -> Caller:
-    if not state.api_key_hashes:
+    if not state.keys.enabled:
         return Caller(owner=ANONYMOUS)
     scheme, _, key = (authorization or "").partition(" ")
     if scheme.lower() != "bearer" or not key.strip():
         raise Unauthorized(
             "missing API key: send it as `Authorization: Bearer <key>`", param="authorization"
         )
-    hashed = hash_key(key.strip())
-    if hashed not in state.api_key_hashes:
+    policy = state.keys.lookup(key.strip())
+    if policy is None:
         raise Unauthorized("invalid API key", param="authorization")
-    return Caller(owner=hashed[:24], is_admin=hashed in state.admin_key_hashes)
+    return Caller(
+        owner=policy.owner,
+        is_admin=policy.is_admin,
+        max_inflight=policy.max_inflight,
+        priority=policy.priority,
+    )
 
 
 CallerDep = Annotated[Caller, Depends(get_caller)]
@@ -61,7 +69,7 @@ CallerDep = Annotated[Caller, Depends(get_caller)]
 
 def get_admin(state: StateDep, caller: CallerDep) -> Caller:
     """Operator-only routes: open without API keys; with keys, an admin key (else 403)."""
-    if state.api_key_hashes and not caller.is_admin:
+    if state.keys.enabled and not caller.is_admin:
         raise Forbidden("this route needs an admin API key (TOKENRELAY_ADMIN_API_KEYS)")
     return caller
 

@@ -15,13 +15,21 @@ from fastapi.responses import JSONResponse
 from redis.exceptions import RedisError
 from starlette.exceptions import HTTPException
 
-from shared.errors import InvalidRequest, NotFound, Overloaded, RedisUnavailable, TokenrelayError
+from shared.errors import (
+    InvalidRequest,
+    NotFound,
+    Overloaded,
+    QuotaExceeded,
+    RedisUnavailable,
+    TokenrelayError,
+)
 
 log = logging.getLogger(__name__)
 
 
 def error_response(exc: TokenrelayError) -> JSONResponse:
-    headers = {"Retry-After": str(exc.retry_after_s)} if isinstance(exc, Overloaded) else None
+    retry_after = exc.retry_after_s if isinstance(exc, Overloaded | QuotaExceeded) else None
+    headers = {"Retry-After": str(retry_after)} if retry_after is not None else None
     return JSONResponse(exc.body(), status_code=exc.status_code, headers=headers)
 
 

@@ -9,26 +9,43 @@ import uuid
 from api import request_log
 from api.deps import Caller
 from api.state import AppState
+from api.webhook_policy import WebhookTarget
 from shared import keys, scripts
 from shared.errors import JobNotFound, RedisUnavailable
 from shared.events import Error
 from shared.generation import GenerationRequest
 from shared.jobs import JobRecord, JobStatus
-from shared.rq_jobs import JOB_ID_PATTERN, enqueue_generation, remove_queued
+from shared.rq_jobs import JOB_ID_PATTERN, Priority, enqueue_generation, remove_queued
 
 log = logging.getLogger(__name__)
 
 
-async def submit(state: AppState, caller: Caller, request: GenerationRequest) -> str:
-    """Admit and enqueue a job; raises `Overloaded` when the global limit is reached."""
+async def submit(
+    state: AppState,
+    caller: Caller,
+    request: GenerationRequest,
+    priority: Priority | None = None,
+    webhook: WebhookTarget | None = None,
+) -> str:
+    """Admit and enqueue a job at `priority` (else the caller's key's default); raises
+    `QuotaExceeded` or `Overloaded` when the key's or the global limit is reached."""
     job_id = uuid.uuid4().hex
     settings = state.settings
     request_log.note_generation(caller.owner, request)
-    reply = await state.scripts.run(scripts.admit(settings, job_id, caller.owner, request.model))
-    scripts.check_admitted(reply)
+    admit = scripts.admit(settings, job_id, caller.owner, request.model, caller.max_inflight)
+    scripts.check_admitted(await state.scripts.run(admit))
     request_log.note_job(job_id)
     try:
-        await asyncio.to_thread(enqueue_generation, state.rq_connection, settings, job_id, request)
+        if webhook is not None:  # before the enqueue, so the worker's START already sees it
+            await state.redis.hset(keys.job(job_id), mapping=webhook.hash_fields())
+        await asyncio.to_thread(
+            enqueue_generation,
+            state.rq_connection,
+            settings,
+            job_id,
+            request,
+            priority or caller.priority,
+        )
     except Exception as exc:
         log.warning("enqueue of admitted job %s failed: %s", job_id, exc)
         error = Error(error_type="redis_unavailable", message="the job could not be enqueued")

@@ -247,9 +247,7 @@ def _read_cluster(redis_url: str, snapshot: ClusterSnapshot) -> None:
         snapshot.redis_up = True
         with contextlib.suppress(RedisError, OSError):
             found = Queue.all(connection=connection, serializer=JSONSerializer)
-            depths = {queue.name: queue.count for queue in found}
-            depths.setdefault(keys.generation_queue(), 0)
-            snapshot.queues = depths
+            snapshot.queues = {queue.name: queue.count for queue in found}
         with contextlib.suppress(RedisError, OSError):
             snapshot.workers = len(Worker.all(connection=connection, serializer=JSONSerializer))
     except (RedisError, OSError):

@@ -10,6 +10,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from shared.errors import InvalidRequest
 from shared.events import Usage
 from shared.generation import ChatMessage, GenerationRequest
+from shared.rq_jobs import Priority
 from shared.settings import Settings
 
 MAX_STOP_STRINGS = 4
@@ -55,6 +56,7 @@ class SamplingFields(BaseModel):
     stream: bool = False
     stream_options: StreamOptions | None = None
     n: int = Field(default=1, ge=1)
+    priority: Priority | None = None
     user: str | None = None
     metadata: dict[str, str] | None = None
 

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import hashlib
 from collections.abc import Coroutine
 from dataclasses import dataclass, field
 from typing import Any
@@ -11,17 +10,13 @@ from typing import Any
 import redis.asyncio
 from redis import Redis
 
+from api.api_keys import KeyRing
 from api.streams import StreamHub
 from shared.script_runner import AsyncScripts
 from shared.settings import Settings
 
 REDIS_POOL_SIZE = 32
 REDIS_POOL_WAIT_S = 5.0
-
-
-def hash_key(api_key: str) -> str:
-    """API keys are kept only as SHA-256 hashes; a caller's owner id is derived from it."""
-    return hashlib.sha256(api_key.encode()).hexdigest()
 
 
 @dataclass
@@ -31,8 +26,7 @@ class AppState:
     rq_connection: Redis
     scripts: AsyncScripts
     hub: StreamHub
-    api_key_hashes: frozenset[str]
-    admin_key_hashes: frozenset[str] = frozenset()
+    keys: KeyRing
     _background: set[asyncio.Task[Any]] = field(default_factory=set)
 
     @classmethod
@@ -53,10 +47,7 @@ class AppState:
             rq_connection=Redis.from_url(settings.redis_url),
             scripts=AsyncScripts(client),
             hub=StreamHub(client),
-            api_key_hashes=frozenset(
-                hash_key(key) for key in (*settings.api_keys, *settings.admin_api_keys)
-            ),
-            admin_key_hashes=frozenset(hash_key(key) for key in settings.admin_api_keys),
+            keys=KeyRing.from_settings(settings),
         )
 
     def spawn(self, work: Coroutine[Any, Any, Any]) -> None:

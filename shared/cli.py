@@ -9,6 +9,7 @@ Heavy imports (uvicorn, torch) happen inside the subcommand that needs them, so
 from __future__ import annotations
 
 import argparse
+import hashlib
 import os
 import signal
 import subprocess
@@ -60,6 +61,10 @@ def _parser() -> argparse.ArgumentParser:
     tiny.add_argument("--shape", default="tiny", choices=("tiny", "qwen2-0.5b"))
     tiny.add_argument("--seed", type=int, default=0)
     tiny.set_defaults(handler=_make_tiny_model)
+
+    hashed = commands.add_parser("hash-key", help="print an API key's SHA-256 for the keys file")
+    hashed.add_argument("key")
+    hashed.set_defaults(handler=_hash_key)
     _add_client_commands(commands)
     return parser
 
@@ -150,6 +155,11 @@ def _worker(args: argparse.Namespace) -> int:
     from worker.main import run_worker
 
     return run_worker(Settings(), demo=args.demo)
+
+
+def _hash_key(args: argparse.Namespace) -> int:
+    print(hashlib.sha256(args.key.encode()).hexdigest())
+    return 0
 
 
 def _make_tiny_model(args: argparse.Namespace) -> int:

@@ -9,8 +9,10 @@
     │   ├── JobNotFound             (404 job_not_found)
     │   └── ModelNotFound           (404 model_not_found)
     ├── PayloadTooLarge             (413 request_too_large)
+    ├── QuotaExceeded               (429 rate_limit_exceeded)
     ├── Overloaded                  (503 cluster_overloaded)
     ├── RedisUnavailable            (503 redis_unavailable)
+    ├── ModelUnavailable            (503 model_unavailable)
     ├── QueueWaitExpired            (503 expired)
     ├── WorkerLost                  (503 worker_lost)
     ├── JobCancelled                (409 cancelled)
@@ -109,8 +111,27 @@ class Overloaded(TokenrelayError):
         self.retry_after_s = retry_after_s
 
 
+class QuotaExceeded(TokenrelayError):
+    """The caller's API key has as many requests in flight as it may; retry later."""
+
+    error_type = "rate_limit_exceeded"
+    status_code = 429
+    openai_type = "rate_limit_error"
+
+    def __init__(self, message: str, *, retry_after_s: int = 1) -> None:
+        super().__init__(message)
+        self.retry_after_s = retry_after_s
+
+
 class RedisUnavailable(TokenrelayError):
     error_type = "redis_unavailable"
+    status_code = 503
+
+
+class ModelUnavailable(TokenrelayError):
+    """The model is known, but no live worker serves it right now."""
+
+    error_type = "model_unavailable"
     status_code = 503
 
 
@@ -151,7 +172,9 @@ _BY_TYPE: dict[str, type[TokenrelayError]] = {
         ModelNotFound,
         PayloadTooLarge,
         Overloaded,
+        QuotaExceeded,
         RedisUnavailable,
+        ModelUnavailable,
         QueueWaitExpired,
         WorkerLost,
         JobCancelled,

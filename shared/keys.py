@@ -35,6 +35,22 @@ def job_text(job_id: str) -> str:
     return f"{PREFIX}:job:{job_id}:text"
 
 
+def owner_jobs(owner: str) -> str:
+    """Set of an owner's (API key's) admitted, unfinished job ids: its per-key quota."""
+    return f"{PREFIX}:owner:{owner}:jobs"
+
+
+def models() -> str:
+    """Sorted set of every model a worker ever served: score = its live workers' latest
+    heartbeat expiry (ms); a score in the past means no live worker serves it."""
+    return f"{PREFIX}:models"
+
+
+def worker(name: str) -> str:
+    """Hash describing one live worker (model, capacity, heartbeat); expires with it."""
+    return f"{PREFIX}:worker:{name}"
+
+
 def cancel_channel() -> str:
     """Pub/sub channel on which the ids of running jobs to stop are announced to workers."""
     return f"{PREFIX}:cancel"
@@ -50,9 +66,32 @@ def rejections() -> str:
     return f"{PREFIX}:rejections"
 
 
-def generation_queue() -> str:
-    """Name of the RQ queue that workers drain (RQ stores it as `rq:queue:<name>`)."""
-    return PREFIX
+def generation_queue(model: str, priority: str) -> str:
+    """Name of the RQ queue of one model and priority (RQ stores it as `rq:queue:<name>`).
+
+    A worker drains its model's queues in the order high, normal, low."""
+    return f"{PREFIX}:{model}:{priority}"
+
+
+def webhook_deliveries() -> str:
+    """List of webhook deliveries to make, JSON `{job_id, event, attempt}`: pushed left by the
+    Lua library at a job's transition, taken from the right by the dispatchers (`api.webhooks`)."""
+    return f"{PREFIX}:webhooks:deliveries"
+
+
+def webhook_retries() -> str:
+    """Sorted set of failed webhook deliveries to retry: member the record, score when due (ms)."""
+    return f"{PREFIX}:webhooks:retries"
+
+
+def webhook_processing(dispatcher: str) -> str:
+    """List of the deliveries one webhook dispatcher has taken and not yet settled."""
+    return f"{PREFIX}:webhooks:processing:{dispatcher}"
+
+
+def webhook_dispatchers() -> str:
+    """Sorted set of webhook dispatchers: member the dispatcher id, score heartbeat expiry (ms)."""
+    return f"{PREFIX}:webhooks:dispatchers"
 
 
 JOB_KEY_TEMPLATES: tuple[str, str, str, str] = (

@@ -7,6 +7,7 @@ workers only run the functions in their allow-list (`worker.rq_worker`).
 from __future__ import annotations
 
 import re
+from typing import Literal
 
 import redis
 from rq import Queue
@@ -21,19 +22,32 @@ from shared.generation import GenerationRequest
 from shared.settings import Settings
 
 GENERATE_FUNCTION = "tokenrelay.generate"
+Priority = Literal["high", "normal", "low"]
+PRIORITIES: tuple[Priority, ...] = ("high", "normal", "low")
 JOB_ID_PATTERN = re.compile(r"^[A-Za-z0-9_-]{1,128}$")
 WORKER_LOST_REASON = "worker_lost: the worker running this job stopped renewing its lease"
 
 
-def generation_queue(connection: redis.Redis) -> Queue:
-    return Queue(keys.generation_queue(), connection=connection, serializer=JSONSerializer)
+def generation_queue(connection: redis.Redis, model: str, priority: Priority) -> Queue:
+    name = keys.generation_queue(model, priority)
+    return Queue(name, connection=connection, serializer=JSONSerializer)
+
+
+def worker_queues(connection: redis.Redis, model: str) -> list[Queue]:
+    """A worker's queues, in the order it drains them: high, normal, low priority."""
+    return [generation_queue(connection, model, priority) for priority in PRIORITIES]
 
 
 def enqueue_generation(
-    connection: redis.Redis, settings: Settings, job_id: str, request: GenerationRequest
+    connection: redis.Redis,
+    settings: Settings,
+    job_id: str,
+    request: GenerationRequest,
+    priority: Priority = "normal",
 ) -> None:
-    """Enqueue an admitted job; RQ drops it if it waits longer than the allowed queue wait."""
-    generation_queue(connection).enqueue_call(
+    """Enqueue an admitted job on its model's queue of its priority; RQ drops it if it
+    waits longer than the allowed queue wait."""
+    generation_queue(connection, request.model, priority).enqueue_call(
         GENERATE_FUNCTION,
         kwargs={"job_id": job_id, "request": request.model_dump(mode="json")},
         job_id=job_id,
@@ -44,17 +58,22 @@ def enqueue_generation(
     )
 
 
+def _origin_queue(connection: redis.Redis, job: Job) -> Queue:
+    return Queue(job.origin, connection=connection, serializer=JSONSerializer)
+
+
 def remove_queued(connection: redis.Redis, job_id: str) -> None:
     """Take a cancelled job out of its RQ queue (a worker would skip it anyway)."""
-    generation_queue(connection).remove(job_id)
+    try:
+        job = Job.fetch(job_id, connection=connection, serializer=JSONSerializer)
+    except NoSuchJobError:
+        return
+    _origin_queue(connection, job).remove(job_id)
 
 
 def fail_lost_jobs(connection: redis.Redis, job_ids: list[str], result_ttl_s: int) -> None:
     """Move jobs whose worker was declared lost from RQ's started to its failed registry,
     now rather than at RQ's next maintenance (every 10 minutes by default)."""
-    queue = generation_queue(connection)
-    started = StartedJobRegistry(queue=queue)
-    failed = FailedJobRegistry(queue=queue)
     for job_id in job_ids:
         try:
             job = Job.fetch(job_id, connection=connection, serializer=JSONSerializer)
@@ -62,6 +81,9 @@ def fail_lost_jobs(connection: redis.Redis, job_ids: list[str], result_ttl_s: in
             continue
         if job.get_status(refresh=False) != RQJobStatus.STARTED:
             continue
+        queue = _origin_queue(connection, job)
+        started = StartedJobRegistry(queue=queue)
+        failed = FailedJobRegistry(queue=queue)
         with connection.pipeline() as pipe:
             started.remove_executions(job, pipeline=pipe)
             job.set_status(RQJobStatus.FAILED, pipeline=pipe)

@@ -4,11 +4,15 @@ Every script that may end a job shares one Lua library (`_LIBRARY`): `emit` assi
 next `seq`, appends the event to the job's replay log and publishes it; `finish` moves a
 job to a terminal state exactly once (a job already terminal is left alone), emits its
 final event, releases its lease and puts the result keys on their TTL; `reap` ends jobs
-whose lease expired. Time comes from Redis (`TIME`), so the clocks of API nodes and
-workers never matter.
+whose lease expired; `webhook` queues a webhook delivery when a job that asked for one
+(hash fields `webhook`, `webhook_events`) starts (`start`, in START) or ends (`completed`,
+in `finish`), in the same script as the transition, so none is lost or made twice; the
+dispatchers in `api.webhooks` send them. Time comes from Redis (`TIME`), so the clocks of
+API nodes and workers never matter.
 
 Common arguments of the library scripts:
     KEYS[1]  the lease set (`shared.keys.leases()`)
+    KEYS[#KEYS]  the webhook delivery list (`shared.keys.webhook_deliveries()`), always last
     ARGV[1..4]  key templates: job hash, event log, channel, text (`JOB_KEY_TEMPLATES`)
     ARGV[5]  event log MAXLEN (approximate)
     ARGV[6]  result TTL in seconds
@@ -24,11 +28,12 @@ import json
 from dataclasses import dataclass
 
 from shared import keys
-from shared.errors import Overloaded
+from shared.errors import Overloaded, QuotaExceeded
 from shared.settings import Settings
 
 _LIBRARY = r"""
 local LEASES = KEYS[1]
+local WEBHOOK_DELIVERIES = KEYS[#KEYS]
 local T_HASH, T_LOG, T_CHAN, T_TEXT = ARGV[1], ARGV[2], ARGV[3], ARGV[4]
 local LOG_MAXLEN = ARGV[5]
 local RESULT_TTL = tonumber(ARGV[6])
@@ -56,6 +61,14 @@ local function emit(id, event)
   return seq
 end
 
+-- Queue a webhook delivery of `event` ('start' or 'completed') if the job's filter has it.
+local function webhook(id, event)
+  local hook = redis.call('HMGET', key(T_HASH, id), 'webhook', 'webhook_events')
+  if hook[1] and string.find(',' .. (hook[2] or '') .. ',', ',' .. event .. ',', 1, true) then
+    redis.call('LPUSH', WEBHOOK_DELIVERIES, cjson.encode({job_id = id, event = event, attempt = 0}))
+  end
+end
+
 local function finish(id, status, fields, event)
   local h = key(T_HASH, id)
   local current = redis.call('HGET', h, 'status')
@@ -67,7 +80,12 @@ local function finish(id, status, fields, event)
     redis.call('HSET', h, field, tostring(value))
   end
   emit(id, event)
+  webhook(id, 'completed')
   redis.call('ZREM', LEASES, id)
+  local owner_jobs = redis.call('HGET', h, 'owner_jobs')
+  if owner_jobs then
+    redis.call('SREM', owner_jobs, id)
+  end
   redis.call('EXPIRE', h, RESULT_TTL)
   redis.call('EXPIRE', key(T_LOG, id), RESULT_TTL)
   redis.call('EXPIRE', key(T_TEXT, id), RESULT_TTL)
@@ -104,22 +122,34 @@ RECENT_JOBS_KEPT = 50
 ADMIT = (
     _LIBRARY
     + r"""
--- KEYS[2] recent job ids (list, newest first), KEYS[3] rejection counts (hash).
+-- KEYS[2] recent job ids (list, newest first), KEYS[3] rejection counts (hash),
+-- KEYS[4] the owner's unfinished job ids (set).
 -- ARGV[7] job id, ARGV[8] limit, ARGV[9] queued lease (ms), ARGV[10] owner, ARGV[11] model,
 -- ARGV[12] the most expired leases to reap first, ARGV[13] how many recent job ids to keep,
--- ARGV[14] the error type a refusal is counted under.
--- Returns {1, in_flight} when admitted, {0, in_flight} when the limit is reached.
+-- ARGV[14] the error type a refusal is counted under, ARGV[15] the owner's own limit
+-- (0: none), ARGV[16] the error type an owner's refusal is counted under.
+-- Returns {1, in_flight} when admitted, {0, in_flight} when the global limit is reached,
+-- {-1, owner_in_flight} when the owner's limit is.
 local id, limit, lease_ms = ARGV[7], tonumber(ARGV[8]), tonumber(ARGV[9])
 local now = now_ms()
 reap(now, tonumber(ARGV[12]))
+local owner_limit = tonumber(ARGV[15])
+if owner_limit > 0 then
+  local owner_in_flight = redis.call('SCARD', KEYS[4])
+  if owner_in_flight >= owner_limit then
+    redis.call('HINCRBY', KEYS[3], ARGV[16], 1)
+    return {-1, owner_in_flight}
+  end
+end
 local in_flight = redis.call('ZCARD', LEASES)
 if in_flight >= limit then
   redis.call('HINCRBY', KEYS[3], ARGV[14], 1)
   return {0, in_flight}
 end
 redis.call('ZADD', LEASES, now + lease_ms, id)
+redis.call('SADD', KEYS[4], id)
 redis.call('HSET', key(T_HASH, id), 'status', 'queued', 'owner', ARGV[10], 'model', ARGV[11],
-  'created_at', now_s_text(), 'next_seq', 0)
+  'created_at', now_s_text(), 'next_seq', 0, 'owner_jobs', KEYS[4])
 redis.call('LPUSH', KEYS[2], id)
 redis.call('LTRIM', KEYS[2], 0, tonumber(ARGV[13]) - 1)
 return {1, in_flight + 1}
@@ -132,7 +162,7 @@ START = (
 -- ARGV[7] job id, ARGV[8] worker name, ARGV[9] lease TTL (ms), ARGV[10] Started event
 -- Returns 'running' when this worker now owns the job, else the status that stops it
 -- ('expired' when its queue wait ran out, or the terminal status it already has);
--- false when the job is unknown.
+-- false when the job is unknown. Queues the job's `start` webhook delivery, if it has one.
 local id = ARGV[7]
 local h = key(T_HASH, id)
 local current = redis.call('HGET', h, 'status')
@@ -149,6 +179,7 @@ end
 redis.call('HSET', h, 'status', 'running', 'started_at', now_s_text(), 'worker', ARGV[8])
 redis.call('ZADD', LEASES, now + tonumber(ARGV[9]), id)
 emit(id, ARGV[10])
+webhook(id, 'start')
 return 'running'
 """
 )
@@ -231,6 +262,27 @@ end
 return lost
 """
 
+REGISTER_WORKER = r"""
+-- KEYS[1] the model index (zset), KEYS[2] this worker's hash.
+-- ARGV[1] model, ARGV[2] capacity (jobs at once), ARGV[3] heartbeat TTL (ms).
+-- Records the worker and marks its model live until the heartbeat expires.
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+local ttl = tonumber(ARGV[3])
+redis.call('HSET', KEYS[2], 'model', ARGV[1], 'capacity', ARGV[2], 'heartbeat_ms', now)
+redis.call('PEXPIRE', KEYS[2], ttl)
+redis.call('ZADD', KEYS[1], 'GT', now + ttl, ARGV[1])
+return now + ttl
+"""
+
+LIVE_MODELS = r"""
+-- KEYS[1] the model index. Returns {models with a live worker, every model ever served}.
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+local live = redis.call('ZRANGEBYSCORE', KEYS[1], '(' .. now, '+inf')
+return {live, redis.call('ZRANGE', KEYS[1], 0, -1)}
+"""
+
 Arg = str | int | float
 
 
@@ -247,10 +299,13 @@ def _library_call(
     source: str, settings: Settings, *args: Arg, extra_keys: tuple[str, ...] = ()
 ) -> ScriptCall:
     header: list[Arg] = [*keys.JOB_KEY_TEMPLATES, settings.event_log_maxlen, settings.result_ttl_s]
-    return ScriptCall(source, [keys.leases(), *extra_keys], [*header, *args])
+    library_keys = [keys.leases(), *extra_keys, keys.webhook_deliveries()]
+    return ScriptCall(source, library_keys, [*header, *args])
 
 
-def admit(settings: Settings, job_id: str, owner: str, model: str) -> ScriptCall:
+def admit(
+    settings: Settings, job_id: str, owner: str, model: str, owner_limit: int | None = None
+) -> ScriptCall:
     return _library_call(
         ADMIT,
         settings,
@@ -262,13 +317,22 @@ def admit(settings: Settings, job_id: str, owner: str, model: str) -> ScriptCall
         _REAP_BATCH,
         RECENT_JOBS_KEPT,
         Overloaded.error_type,
-        extra_keys=(keys.recent_jobs(), keys.rejections()),
+        owner_limit or 0,
+        QuotaExceeded.error_type,
+        extra_keys=(keys.recent_jobs(), keys.rejections(), keys.owner_jobs(owner)),
     )
 
 
 def check_admitted(reply: list[int]) -> int:
-    """The in-flight count after admission; raises `Overloaded` on refusal."""
+    """The in-flight count after admission; raises `QuotaExceeded` when the caller's own
+    limit is reached, `Overloaded` when the global one is."""
     admitted, in_flight = int(reply[0]), int(reply[1])
+    if admitted < 0:
+        raise QuotaExceeded(
+            f"this API key already has {in_flight} requests in flight, its limit; retry when "
+            "one finishes",
+            retry_after_s=1,
+        )
     if not admitted:
         raise Overloaded(
             f"tokenrelay is at capacity ({in_flight} requests in flight); retry shortly",
@@ -310,3 +374,13 @@ def decode_text(value: bytes | str | None) -> str | None:
     if isinstance(value, bytes):
         return value.decode()
     return value
+
+
+def register_worker(settings: Settings, name: str, model: str, capacity: int) -> ScriptCall:
+    ttl_ms = settings.lease_ttl_ms
+    script_keys = [keys.models(), keys.worker(name)]
+    return ScriptCall(REGISTER_WORKER, script_keys, [model, capacity, ttl_ms])
+
+
+def live_models() -> ScriptCall:
+    return ScriptCall(LIVE_MODELS, [keys.models()], [])

@@ -5,13 +5,32 @@ Every field here has a row in the README's settings table.
 
 from __future__ import annotations
 
+import base64
 from typing import Annotated, Literal
 
-from pydantic import Field, field_validator, model_validator
+from pydantic import Field, SecretStr, field_validator, model_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
 DEFAULT_MODEL = "Qwen/Qwen2-0.5B-Instruct"
 DEMO_MODEL_NAME = "tokenrelay-demo"
+WEBHOOK_SECRET_PREFIX = "whsec_"
+WEBHOOK_SECRET_BYTES = (24, 64)
+
+
+def webhook_signing_key(secret: str) -> bytes:
+    """The HMAC key of a Standard Webhooks secret, `whsec_` + base64 of 24 to 64 random bytes."""
+    low, high = WEBHOOK_SECRET_BYTES
+    encoded = secret.removeprefix(WEBHOOK_SECRET_PREFIX)
+    try:
+        key = base64.b64decode(encoded, validate=True)
+    except ValueError:
+        key = b""
+    if not secret.startswith(WEBHOOK_SECRET_PREFIX) or not low <= len(key) <= high:
+        raise ValueError(
+            f"TOKENRELAY_WEBHOOK_SECRET must be `{WEBHOOK_SECRET_PREFIX}` followed by the base64 "
+            f"of {low} to {high} random bytes, e.g. whsec_$(openssl rand -base64 32)"
+        )
+    return key
 
 
 class Settings(BaseSettings):
@@ -34,6 +53,7 @@ class Settings(BaseSettings):
     max_request_bytes: int = Field(default=1_048_576, ge=1)
     api_keys: Annotated[list[str], NoDecode] = Field(default_factory=list)
     admin_api_keys: Annotated[list[str], NoDecode] = Field(default_factory=list)
+    api_keys_file: str = ""
     worker_drain_s: float = Field(default=60.0, ge=0)
     worker_concurrency: int = Field(default=8, ge=1)
     worker_max_batch_tokens: int = Field(default=32_768, ge=16)
@@ -46,12 +66,39 @@ class Settings(BaseSettings):
     cache_dir: str = "~/.cache/tokenrelay"
     device: Literal["auto", "cpu", "cuda"] = "auto"
     dtype: Literal["auto", "float32", "bfloat16", "float16"] = "auto"
+    webhook_secret: SecretStr | None = None
+    webhook_allowed_hosts: Annotated[list[str], NoDecode] = Field(default_factory=list)
+    webhook_allow_private: bool = False
+    webhook_timeout_s: float = Field(default=10.0, gt=0, le=10.0)
+    webhook_max_attempts: int = Field(default=10, ge=1)
+    webhook_backoff_s: float = Field(default=2.0, gt=0)
+    webhook_visibility_timeout_s: float = Field(default=30.0, ge=1.0)
 
     @field_validator("api_keys", "admin_api_keys", mode="before")
     @classmethod
     def _split_api_keys(cls, value: object) -> object:
         if isinstance(value, str):
             return [key.strip() for key in value.split(",") if key.strip()]
+        return value
+
+    @field_validator("webhook_allowed_hosts", mode="before")
+    @classmethod
+    def _split_webhook_hosts(cls, value: object) -> object:
+        """`a.example.com, .example.org` → exact names and suffixes, lower case, no final dot."""
+        if isinstance(value, str):
+            value = value.split(",")
+        if isinstance(value, list):
+            hosts = (str(host).strip().lower().rstrip(".").strip("[]") for host in value)
+            return [host for host in hosts if host]
+        return value
+
+    @field_validator("webhook_secret", mode="before")
+    @classmethod
+    def _check_webhook_secret(cls, value: object) -> object:
+        if value == "":
+            return None
+        if isinstance(value, str):
+            webhook_signing_key(value)
         return value
 
     @model_validator(mode="after")
@@ -80,3 +127,10 @@ class Settings(BaseSettings):
     @property
     def max_queue_wait_ms(self) -> int:
         return int(self.max_queue_wait_s * 1000)
+
+    @property
+    def webhook_key(self) -> bytes | None:
+        """The webhook HMAC key (decoded `TOKENRELAY_WEBHOOK_SECRET`); None when unset."""
+        if self.webhook_secret is None:
+            return None
+        return webhook_signing_key(self.webhook_secret.get_secret_value())

@@ -52,10 +52,13 @@ class Cluster:
         env.update(self.settings)
         return env
 
-    def _spawn(self, name: str, *args: str) -> subprocess.Popen[bytes]:
+    def _spawn(
+        self, name: str, *args: str, extra_env: dict[str, str] | None = None
+    ) -> subprocess.Popen[bytes]:
         log = open(self.log_dir / f"{name}-{len(self.processes)}.log", "wb")  # noqa: SIM115
+        env = self.env() | (extra_env or {})
         process = subprocess.Popen(
-            tokenrelay_command(*args), env=self.env(), stdout=log, stderr=subprocess.STDOUT
+            tokenrelay_command(*args), env=env, stdout=log, stderr=subprocess.STDOUT
         )
         log.close()
         self.processes.append(process)
@@ -67,10 +70,10 @@ class Cluster:
         _wait_until(lambda: self._ready(process), "API /readyz")
         return process
 
-    def start_worker(self) -> subprocess.Popen[bytes]:
+    def start_worker(self, extra_env: dict[str, str] | None = None) -> subprocess.Popen[bytes]:
         connection = redis.Redis.from_url(self.redis_url)
         before = Worker.count(connection=connection)
-        process = self._spawn("worker", "worker")
+        process = self._spawn("worker", "worker", extra_env=extra_env)
         _wait_until(
             lambda: _alive(process) and Worker.count(connection=connection) > before,
             "worker registration",

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import os
 import subprocess
 from pathlib import Path
@@ -33,3 +34,11 @@ def test_make_tiny_model_writes_a_loadable_checkpoint(tmp_path: Path) -> None:
     assert result.returncode == 0, result.stderr
     for name in ("config.json", "model.safetensors", "tokenizer.json", "generation_config.json"):
         assert (out / name).exists()
+
+
+def test_hash_key_prints_the_sha256_the_keys_file_holds() -> None:
+    result = subprocess.run(
+        tokenrelay_command("hash-key", "sk-abc"), capture_output=True, text=True, timeout=30
+    )
+    assert result.returncode == 0
+    assert result.stdout.strip() == hashlib.sha256(b"sk-abc").hexdigest()

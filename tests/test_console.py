@@ -81,7 +81,7 @@ def test_cluster_view_reports_admission_queues_jobs_and_rejections(
     view = response.json()
     assert view["model"] == "m"
     assert (view["in_flight"], view["max_inflight"]) == (1, 1)
-    assert {"name": keys.generation_queue(), "queued": 1} in view["queues"]
+    assert {"name": keys.generation_queue("m", "normal"), "queued": 1} in view["queues"]
     assert view["workers"] == []
     assert view["rejections"] == {"cluster_overloaded": 1}
     [job] = view["recent_jobs"]
@@ -103,9 +103,9 @@ def test_cluster_view_lists_workers_with_the_jobs_they_run(
 
     connection = redis.Redis.from_url(redis_url)
     try:
-        build_worker(connection, "console-test-worker", {GENERATE_FUNCTION: generate}).work(
-            burst=True
-        )
+        build_worker(
+            connection, "console-test-worker", {GENERATE_FUNCTION: generate}, model="m"
+        ).work(burst=True)
     finally:
         connection.close()
     [view] = seen

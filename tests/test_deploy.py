@@ -454,7 +454,9 @@ def test_keda_scales_on_queued_plus_running_jobs(
     assert scaled["spec"]["scaleTargetRef"]["name"] == worker["metadata"]["name"]
     assert (scaled["spec"]["minReplicaCount"], scaled["spec"]["maxReplicaCount"]) == (0, 8)
     triggers = {t["name"]: t for t in scaled["spec"]["triggers"]}
-    assert triggers["queued"]["metadata"]["listName"] == "rq:queue:tokenrelay"
+    for priority in ("high", "normal", "low"):
+        queue = triggers[f"queued-{priority}"]["metadata"]["listName"]
+        assert queue == f"rq:queue:tokenrelay:Qwen/Qwen2-0.5B-Instruct:{priority}"
     assert triggers["inflight"]["metadata"]["listName"] == "tokenrelay:leases"
     for trigger in triggers.values():
         assert trigger["type"] == "redis"

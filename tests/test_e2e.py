@@ -263,6 +263,16 @@ def test_too_long_prompt_fails_with_context_length_exceeded(client: openai.OpenA
     assert "maximum context length" in str(raised.value)
 
 
+def test_too_long_prompt_is_a_400_before_a_stream_starts(client: openai.OpenAI) -> None:
+    huge = [{"role": "user", "content": "hello world " * 1200}]
+    with pytest.raises(openai.BadRequestError) as raised:
+        client.chat.completions.create(
+            model=MODEL_NAME, messages=huge, max_tokens=1000, stream=True
+        )
+    assert raised.value.code == "context_length_exceeded"
+    assert raised.value.param == "messages"
+
+
 def test_models_lists_the_served_model(client: openai.OpenAI) -> None:
     assert [m.id for m in client.models.list()] == [MODEL_NAME]
 

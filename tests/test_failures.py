@@ -100,7 +100,7 @@ def test_worker_killed_mid_stream_fails_the_job_and_queued_jobs_survive(cluster:
         assert record["status"] == "failed"
         assert record["error"]["type"] == "worker_lost"
         connection = redis.Redis.from_url(cluster.redis_url)
-        failed = FailedJobRegistry(queue=generation_queue(connection))
+        failed = FailedJobRegistry(queue=generation_queue(connection, MODEL_NAME, "normal"))
         assert running in failed.get_job_ids(cleanup=False)
         connection.close()
         cluster.start_worker()

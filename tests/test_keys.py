@@ -10,9 +10,14 @@ def test_key_strings_are_pinned() -> None:
     assert keys.job_channel("abc") == "tokenrelay:job:abc:channel"
     assert keys.job_text("abc") == "tokenrelay:job:abc:text"
     assert keys.cancel_channel() == "tokenrelay:cancel"
+    assert keys.owner_jobs("abc") == "tokenrelay:owner:abc:jobs"
+    assert keys.models() == "tokenrelay:models"
+    assert keys.worker("w1") == "tokenrelay:worker:w1"
     assert keys.recent_jobs() == "tokenrelay:recent-jobs"
     assert keys.rejections() == "tokenrelay:rejections"
-    assert keys.generation_queue() == "tokenrelay"
+    assert keys.generation_queue("Qwen/Qwen2-0.5B-Instruct", "high") == (
+        "tokenrelay:Qwen/Qwen2-0.5B-Instruct:high"
+    )
 
 
 def test_lua_templates_expand_to_the_same_keys() -> None:
@@ -23,3 +28,10 @@ def test_lua_templates_expand_to_the_same_keys() -> None:
         keys.job_channel("abc"),
         keys.job_text("abc"),
     ]
+
+
+def test_webhook_key_strings_are_pinned() -> None:
+    assert keys.webhook_deliveries() == "tokenrelay:webhooks:deliveries"
+    assert keys.webhook_retries() == "tokenrelay:webhooks:retries"
+    assert keys.webhook_processing("d1") == "tokenrelay:webhooks:processing:d1"
+    assert keys.webhook_dispatchers() == "tokenrelay:webhooks:dispatchers"

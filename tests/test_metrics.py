@@ -16,10 +16,10 @@ import redis.asyncio
 from fastapi.testclient import TestClient
 from prometheus_client.parser import text_string_to_metric_families
 
+from api.api_keys import hash_key
 from api.app import create_app
 from api.metrics import Metrics, observe_events
 from api.request_log import LOGGER_NAME, RequestRecord, recording
-from api.state import hash_key
 from shared import keys
 from shared.cli import _prometheus_multiproc_dir
 from shared.embedded_redis import EmbeddedRedis
@@ -136,7 +136,8 @@ def test_in_flight_and_queue_depth_are_read_from_redis_at_scrape_time(
     assert created.status_code == 202
     samples = scrape(client)
     assert value(samples, "tokenrelay_requests_in_flight") == 1
-    assert value(samples, "tokenrelay_queue_depth", queue=keys.generation_queue()) == 1
+    queue = keys.generation_queue("m", "normal")
+    assert value(samples, "tokenrelay_queue_depth", queue=queue) == 1
     # Leases taken by any process count: the gauge is the lease set, not this process's view.
     sync_redis.zadd(keys.leases(), {"elsewhere-1": 2**50, "elsewhere-2": 2**50})
     assert value(scrape(client), "tokenrelay_requests_in_flight") == 3
@@ -327,7 +328,8 @@ def test_counters_of_both_uvicorn_workers_are_merged_in_every_scrape(cluster: Cl
         assert value(samples, "tokenrelay_generation_tokens_total") == generated
         assert 0 < (value(samples, "tokenrelay_inter_token_latency_seconds_count") or 0) < generated
         assert value(samples, "tokenrelay_requests_in_flight") == 0
-        assert value(samples, "tokenrelay_queue_depth", queue=keys.generation_queue()) == 0
+        queue = keys.generation_queue(MODEL_NAME, "normal")
+        assert value(samples, "tokenrelay_queue_depth", queue=queue) == 0
         assert value(samples, "tokenrelay_workers") == 1
     served = [line for line in api_request_lines(cluster) if line["status"] == 200]
     assert {line["job_status"] for line in served if line["path"] == chat} == {"succeeded"}

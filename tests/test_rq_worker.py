@@ -23,7 +23,9 @@ from worker.rq_worker import UnknownJobFunction, allow_listed_job_class, build_w
 
 def test_a_job_naming_another_function_is_refused(redis_url: str) -> None:
     connection = redis.Redis.from_url(redis_url)
-    queue = Queue(keys.generation_queue(), connection=connection, serializer=JSONSerializer)
+    queue = Queue(
+        keys.generation_queue("m", "normal"), connection=connection, serializer=JSONSerializer
+    )
     job = queue.enqueue_call("os.system", args=("echo pwned",))
     job_class = allow_listed_job_class({GENERATE_FUNCTION: lambda **_: None})
     fetched = job_class.fetch(job.id, connection=connection, serializer=JSONSerializer)
@@ -48,7 +50,7 @@ def test_enqueued_generation_runs_the_allow_listed_function_with_json_kwargs(
         calls.append({"job_id": job_id, "request": request})
         return {"status": "succeeded"}
 
-    worker = build_worker(connection, "test-worker", {GENERATE_FUNCTION: generate})
+    worker = build_worker(connection, "test-worker", {GENERATE_FUNCTION: generate}, model="m")
     worker.work(burst=True)
     assert calls == [{"job_id": "job1", "request": request.model_dump(mode="json")}]
     connection.close()
@@ -56,7 +58,7 @@ def test_enqueued_generation_runs_the_allow_listed_function_with_json_kwargs(
 
 def test_one_worker_executes_n_jobs_at_once_and_rq_tells_the_truth(redis_url: str) -> None:
     connection = redis.Redis.from_url(redis_url)
-    queue = generation_queue(connection)
+    queue = generation_queue(connection, "m", "normal")
     for i in range(5):
         queue.enqueue_call(GENERATE_FUNCTION, kwargs={"job_id": f"ok{i}"}, job_id=f"ok{i}")
     queue.enqueue_call(GENERATE_FUNCTION, kwargs={"job_id": "boom"}, job_id="boom")
@@ -76,7 +78,9 @@ def test_one_worker_executes_n_jobs_at_once_and_rq_tells_the_truth(redis_url: st
             workers = Worker.all(connection=watcher, serializer=JSONSerializer)
             if workers and len(workers[0].get_current_executions(refresh=True)) == 3:
                 seen["state"] = workers[0].get_state()
-                seen["started"] = StartedJobRegistry(queue=generation_queue(watcher)).count
+                seen["started"] = StartedJobRegistry(
+                    queue=generation_queue(watcher, "m", "normal")
+                ).count
                 seen["rq_info"] = subprocess.run(
                     [
                         str(Path(sys.executable).parent / "rq"),
@@ -98,7 +102,9 @@ def test_one_worker_executes_n_jobs_at_once_and_rq_tells_the_truth(redis_url: st
 
     observer = threading.Thread(target=observe)
     observer.start()
-    worker = build_worker(connection, "concurrent", {GENERATE_FUNCTION: generate}, concurrency=3)
+    worker = build_worker(
+        connection, "concurrent", {GENERATE_FUNCTION: generate}, model="m", concurrency=3
+    )
     worker.work(burst=True)
     observer.join(timeout=30)
     assert seen["state"] == "busy"

@@ -1,5 +1,6 @@
 """Background duties of a worker process, on two daemon threads.
 
+- Register the worker (model, capacity, heartbeat) so `/v1/models` lists its model.
 - Renew the leases of the jobs it runs, all in one round trip, every third of the lease
   TTL, and run the lease reaper (ending jobs of dead workers and expired queued jobs).
   A lease found expired means another process may already have declared the job lost:
@@ -32,10 +33,14 @@ class LeaseKeeper:
         client: redis.Redis,
         rq_connection: redis.Redis,
         active: ActiveJobs,
+        worker_name: str,
     ) -> None:
         self._settings = settings
         self._client = client
         self._rq_connection = rq_connection
+        self._register = scripts.register_worker(
+            settings, worker_name, settings.model_id, settings.worker_concurrency
+        )
         self._scripts = SyncScripts(client)
         self._active = active
         self._stopping = threading.Event()
@@ -45,6 +50,10 @@ class LeaseKeeper:
         ]
 
     def start(self) -> None:
+        try:
+            self._scripts.run(self._register)
+        except redis.RedisError as exc:
+            log.warning("worker registration failed, will retry: %s", exc)
         for thread in self._threads:
             thread.start()
 
@@ -54,6 +63,7 @@ class LeaseKeeper:
             thread.join(timeout=5)
 
     def renew_once(self) -> None:
+        self._scripts.run(self._register)
         job_ids = self._active.ids()
         if job_ids:
             lost = self._scripts.run(scripts.renew(self._settings, job_ids))

@@ -67,7 +67,7 @@ def run_worker(settings: Settings, *, demo: bool = False) -> int:
     redis_scripts = SyncScripts(scripts_client)
     batcher = Batcher(engine, redis_scripts, settings, active)
     runner = JobRunner(engine, batcher, redis_scripts, settings, name, active)
-    keeper = LeaseKeeper(settings, scripts_client, connection, active)
+    keeper = LeaseKeeper(settings, scripts_client, connection, active, name)
     drain = threading.Timer(
         settings.worker_drain_s, active.request_stop_all, args=(StopReason.SHUTDOWN,)
     )
@@ -87,6 +87,7 @@ def run_worker(settings: Settings, *, demo: bool = False) -> int:
                 connection,
                 name,
                 {GENERATE_FUNCTION: runner.generate},
+                model=settings.model_id,
                 concurrency=settings.worker_concurrency,
                 on_stop_requested=drain.start,
             )

@@ -23,7 +23,7 @@ from rq.serializers import JSONSerializer
 from rq.timeouts import TimerDeathPenalty
 from rq.worker import SimpleWorker, WorkerStatus
 
-from shared.rq_jobs import generation_queue
+from shared.rq_jobs import worker_queues
 
 _SLOT_WAIT_S = 5.0
 
@@ -128,11 +128,12 @@ def build_worker(
     name: str,
     functions: Mapping[str, Callable[..., Any]],
     *,
+    model: str,
     concurrency: int = 1,
     on_stop_requested: Callable[[], None] = lambda: None,
 ) -> ConcurrentWorker:
     return ConcurrentWorker(
-        [generation_queue(connection)],
+        worker_queues(connection, model),
         name=name,
         connection=connection,
         serializer=JSONSerializer,

@@ -29,7 +29,6 @@ from api.deps import CallerDep, StateDep
 from api.job_control import submit
 from api.openai_schema import ChatCompletionRequest
 from api.relay import collect, relay
-from api.routes.chat import check_model
 from api.state import AppState
 from api.stream_start import first_output
 from shared.errors import InvalidRequest, TokenrelayError
@@ -84,7 +83,7 @@ async def prompt_completion(
             max_tokens=body.get("max_tokens"),
             temperature=body.get("temperature"),
         )
-        job_id = await submit(state, caller, chat.to_generation(state.settings))
+        job_id = await submit(state, caller, chat.to_generation(state.settings), chat.priority)
         if _wants_stream(http, body):
             events = await first_output(state, job_id, http.receive)
             return StreamingResponse(
@@ -117,7 +116,7 @@ async def article_chat(
         stop=body.user_stop_words or None,
         include_stop_str_in_output=True,
     )
-    job_id = await submit(state, caller, chat.to_generation(state.settings))
+    job_id = await submit(state, caller, chat.to_generation(state.settings), chat.priority)
     if body.stream:
         events = await first_output(state, job_id, http.receive)
         return StreamingResponse(relay(state, job_id, events, _CumulativeText()))
@@ -134,7 +133,6 @@ def _chat_request(state: AppState, **fields: Any) -> ChatCompletionRequest:
         first = exc.errors()[0]
         field = ".".join(str(part) for part in first["loc"])
         raise InvalidRequest(f"`{field}`: {first['msg']}", param=field) from None
-    check_model(state.settings, chat.model)
     return chat
 
 

@@ -14,6 +14,7 @@ from api import sse
 from api.deps import CallerDep, StateDep
 from api.job_control import cancel_quietly, submit
 from api.metrics import observe_events
+from api.model_routing import check_model
 from api.openai_schema import (
     AssistantMessage,
     ChatCompletion,
@@ -26,28 +27,19 @@ from api.openai_schema import (
 from api.state import AppState
 from api.stream_start import StreamItem, first_output
 from api.streams import Heartbeat
-from shared.errors import ModelNotFound, RedisUnavailable, TokenrelayError, from_type
+from shared.errors import RedisUnavailable, TokenrelayError, from_type
 from shared.events import Done, Error, TokenChunk, Usage
-from shared.settings import Settings
 
 router = APIRouter(prefix="/v1", tags=["chat"])
-
-
-def check_model(settings: Settings, model: str) -> None:
-    if model != settings.model_id:
-        raise ModelNotFound(
-            f"model {model!r} is not served here; GET /v1/models lists {settings.model_id!r}",
-            param="model",
-        )
 
 
 @router.post("/chat/completions", response_model=None)
 async def create_chat_completion(
     body: ChatCompletionRequest, state: StateDep, caller: CallerDep, http: Request
 ) -> ChatCompletion | StreamingResponse:
-    check_model(state.settings, body.model)
+    await check_model(state, body.model)
     request = body.to_generation(state.settings)
-    job_id = await submit(state, caller, request)
+    job_id = await submit(state, caller, request, body.priority)
     if body.stream:
         include_usage = bool(body.stream_options and body.stream_options.include_usage)
         events = await first_output(state, job_id, http.receive)

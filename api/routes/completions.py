@@ -11,9 +11,9 @@ from starlette.responses import StreamingResponse
 from api import sse
 from api.deps import CallerDep, StateDep
 from api.job_control import submit
+from api.model_routing import check_model
 from api.openai_schema import Completion, CompletionChoice, CompletionRequest
 from api.relay import collect, relay
-from api.routes.chat import check_model
 from api.stream_start import first_output
 from shared.errors import TokenrelayError
 from shared.events import Done
@@ -25,8 +25,8 @@ router = APIRouter(prefix="/v1", tags=["completions"])
 async def create_completion(
     body: CompletionRequest, state: StateDep, caller: CallerDep, http: Request
 ) -> Completion | StreamingResponse:
-    check_model(state.settings, body.model)
-    job_id = await submit(state, caller, body.to_generation(state.settings))
+    await check_model(state, body.model)
+    job_id = await submit(state, caller, body.to_generation(state.settings), body.priority)
     render = _CompletionSSE(
         job_id, body.model, bool(body.stream_options and body.stream_options.include_usage)
     )

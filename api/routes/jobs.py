@@ -14,8 +14,8 @@ from starlette.responses import StreamingResponse
 from api import sse
 from api.deps import CallerDep, StateDep
 from api.job_control import cancel, get_record, submit
-from api.openai_schema import ChatCompletionRequest
-from api.routes.chat import check_model
+from api.job_request import JobRequest
+from api.model_routing import check_model
 from api.state import AppState
 from api.streams import Heartbeat
 from shared.errors import InvalidRequest, RedisUnavailable
@@ -25,12 +25,12 @@ router = APIRouter(prefix="/v1/jobs", tags=["jobs"])
 
 
 @router.post("", status_code=202, response_model=JobRecord)
-async def create_job(
-    body: ChatCompletionRequest, state: StateDep, caller: CallerDep
-) -> JSONResponse:
+async def create_job(body: JobRequest, state: StateDep, caller: CallerDep) -> JSONResponse:
     """Admit and enqueue a generation; poll `Location` or stream `Location/events`."""
-    check_model(state.settings, body.model)
-    job_id = await submit(state, caller, body.to_generation(state.settings))
+    await check_model(state, body.model)
+    generation = body.to_generation(state.settings)
+    webhook = body.webhook_target(state.settings)
+    job_id = await submit(state, caller, generation, body.priority, webhook=webhook)
     record = await get_record(state, caller, job_id)
     return JSONResponse(
         record.model_dump(mode="json"), status_code=202, headers={"Location": f"/v1/jobs/{job_id}"}

@@ -6,7 +6,8 @@ import time
 
 from fastapi import APIRouter
 
-from api.deps import CallerDep, SettingsDep
+from api.deps import CallerDep, StateDep
+from api.model_routing import served_models
 from api.openai_schema import ModelCard, ModelList
 
 router = APIRouter(prefix="/v1", tags=["models"])
@@ -15,5 +16,7 @@ _STARTED = int(time.time())
 
 
 @router.get("/models")
-async def list_models(settings: SettingsDep, _: CallerDep) -> ModelList:
-    return ModelList(data=[ModelCard(id=settings.model_id, created=_STARTED)])
+async def list_models(state: StateDep, _: CallerDep) -> ModelList:
+    """Models with at least one live worker."""
+    live, _known = await served_models(state)
+    return ModelList(data=[ModelCard(id=model, created=_STARTED) for model in sorted(live)])

@@ -1,0 +1,131 @@
+"""Routing through real processes: priorities, per-key quotas, several models."""
+
+from __future__ import annotations
+
+import json
+import signal
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+
+from api.api_keys import hash_key
+from shared.embedded_redis import EmbeddedRedis
+from tests.cluster import MODEL_NAME, Cluster
+
+pytestmark = pytest.mark.e2e
+
+MESSAGES = [{"role": "user", "content": "go"}]
+BLOCKER = {"model": MODEL_NAME, "messages": MESSAGES, "max_tokens": 1500, "min_tokens": 1500}
+SHORT = {"model": MODEL_NAME, "messages": MESSAGES, "max_tokens": 2, "min_tokens": 2}
+
+
+@pytest.fixture
+def cluster(tiny_model_dir: Path, tmp_path: Path) -> Iterator[Cluster]:
+    keys_file = tmp_path / "keys.json"
+    keys_file.write_text(
+        json.dumps(
+            [
+                {"sha256": hash_key("team-a"), "name": "a", "max_inflight": 2},
+                {"sha256": hash_key("vip"), "name": "vip", "priority": "high"},
+            ]
+        )
+    )
+    with EmbeddedRedis() as server:
+        cluster = Cluster(
+            redis_url=server.url,
+            model_dir=tiny_model_dir,
+            log_dir=tmp_path,
+            settings={
+                "TOKENRELAY_WORKER_CONCURRENCY": "1",
+                "TOKENRELAY_MAX_INFLIGHT": "100",
+                "TOKENRELAY_API_KEYS_FILE": str(keys_file),
+                "TOKENRELAY_LEASE_TTL_S": "2",
+            },
+        )
+        try:
+            yield cluster
+        finally:
+            cluster.stop()
+
+
+def auth(key: str) -> dict[str, str]:
+    return {"Authorization": f"Bearer {key}"}
+
+
+def wait_done(http: httpx.Client, job_id: str, key: str) -> list[dict[str, object]]:
+    with http.stream("GET", f"/v1/jobs/{job_id}/events", headers=auth(key)) as response:
+        return [json.loads(line[6:]) for line in response.iter_lines() if line.startswith("data: ")]
+
+
+def test_high_priority_job_starts_before_50_queued_normal_ones(cluster: Cluster) -> None:
+    cluster.start_worker()
+    cluster.start_api()
+    with httpx.Client(base_url=cluster.base_url, timeout=60) as http:
+        blocker = http.post("/v1/jobs", json=BLOCKER, headers=auth("vip")).json()["id"]
+        normal = [
+            http.post("/v1/jobs", json={**SHORT, "priority": "normal"}, headers=auth("vip")).json()[
+                "id"
+            ]
+            for _ in range(50)
+        ]
+        by_request = http.post("/v1/jobs", json={**SHORT, "priority": "high"}, headers=auth("vip"))
+        by_key = http.post("/v1/jobs", json=SHORT, headers=auth("vip"))
+        high = [by_request.json()["id"], by_key.json()["id"]]
+        http.delete(f"/v1/jobs/{blocker}", headers=auth("vip"))
+        for job_id in high:
+            assert wait_done(http, job_id, "vip")[-1]["type"] == "done"
+        records = [http.get(f"/v1/jobs/{j}", headers=auth("vip")).json() for j in normal]
+        started_normal = [r["started_at"] for r in records if r["started_at"] is not None]
+        last_high = max(
+            http.get(f"/v1/jobs/{j}", headers=auth("vip")).json()["started_at"] for j in high
+        )
+        assert all(s > last_high for s in started_normal)
+        for job_id in normal:
+            http.delete(f"/v1/jobs/{job_id}", headers=auth("vip"))
+
+
+def test_per_key_limit_is_a_429_and_frees_when_a_job_ends(cluster: Cluster) -> None:
+    cluster.start_api()
+    with httpx.Client(base_url=cluster.base_url, timeout=60) as http:
+        first = [http.post("/v1/jobs", json=SHORT, headers=auth("team-a")) for _ in range(2)]
+        assert [r.status_code for r in first] == [202, 202]
+        refused = http.post("/v1/jobs", json=SHORT, headers=auth("team-a"))
+        assert refused.status_code == 429
+        assert refused.json()["error"]["code"] == "rate_limit_exceeded"
+        assert int(refused.headers["Retry-After"]) >= 1
+        assert http.post("/v1/jobs", json=SHORT, headers=auth("vip")).status_code == 202
+        http.delete(f"/v1/jobs/{first[0].json()['id']}", headers=auth("team-a"))
+        assert http.post("/v1/jobs", json=SHORT, headers=auth("team-a")).status_code == 202
+        assert http.get("/v1/models").status_code == 401
+
+
+def test_model_field_routes_to_that_models_workers(cluster: Cluster) -> None:
+    cluster.start_worker()
+    other = cluster.start_worker({"TOKENRELAY_SERVED_MODEL_NAME": "tiny-b"})
+    cluster.start_api()
+    with httpx.Client(base_url=cluster.base_url, timeout=60) as http:
+        models = http.get("/v1/models", headers=auth("vip")).json()["data"]
+        assert sorted(m["id"] for m in models) == [MODEL_NAME, "tiny-b"]
+        for model in (MODEL_NAME, "tiny-b"):
+            job = http.post("/v1/jobs", json={**SHORT, "model": model}, headers=auth("vip")).json()
+            events = wait_done(http, job["id"], "vip")
+            assert events[-1]["type"] == "done"
+            record = http.get(f"/v1/jobs/{job['id']}", headers=auth("vip")).json()
+            assert record["model"] == model
+        unknown = http.post("/v1/jobs", json={**SHORT, "model": "nope"}, headers=auth("vip"))
+        assert unknown.status_code == 404
+        assert unknown.json()["error"]["code"] == "model_not_found"
+        other.send_signal(signal.SIGKILL)
+        other.wait(timeout=10)
+        deadline = time.monotonic() + 10  # the worker's registration outlives it by <= 2 s
+        while [m["id"] for m in http.get("/v1/models", headers=auth("vip")).json()["data"]] != [
+            MODEL_NAME
+        ]:
+            assert time.monotonic() < deadline, "the dead worker's model is still listed"
+            time.sleep(0.1)
+        gone = http.post("/v1/jobs", json={**SHORT, "model": "tiny-b"}, headers=auth("vip"))
+        assert gone.status_code == 503
+        assert gone.json()["error"]["code"] == "model_unavailable"
