@@ -104,3 +104,16 @@ def test_a_job_that_can_never_fit_a_batch_is_refused_at_admission(redis_url: str
         assert response.status_code == 400
         assert response.json()["error"]["param"] == "max_tokens"
         assert "WORKER_MAX_BATCH_TOKENS" in response.json()["error"]["message"]
+
+
+def test_every_operation_documents_its_error_responses(redis_url: str) -> None:
+    schema = create_app(Settings(redis_url=redis_url)).openapi()
+    assert "ErrorBody" in schema["components"]["schemas"]
+    for path, operations in schema["paths"].items():
+        if path in ("/healthz", "/readyz"):
+            continue
+        for method, operation in operations.items():
+            statuses = set(operation["responses"])
+            assert {"401", "503"} <= statuses, f"{method.upper()} {path}: {statuses}"
+            if method == "post":
+                assert {"400", "429"} <= statuses, f"{method.upper()} {path}: {statuses}"

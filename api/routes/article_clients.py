@@ -26,6 +26,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from starlette.responses import StreamingResponse
 
 from api.deps import CallerDep, StateDep
+from api.error_docs import SUBMIT_ERRORS
 from api.job_control import submit
 from api.openai_schema import ChatCompletionRequest
 from api.relay import collect, relay
@@ -67,7 +68,14 @@ class ArticleChatResponse(BaseModel):
     text: str
 
 
-@router.post("/", response_model=PromptResponse, responses={503: {"model": PromptResponse}})
+@router.post(
+    "/",
+    response_model=PromptResponse,
+    responses={
+        status: {"model": PromptResponse, "description": "Error, in the same body shape"}
+        for status in (400, 401, 404, 413, 429, 503)
+    },
+)
 async def prompt_completion(
     http: Request, state: StateDep, caller: CallerDep
 ) -> JSONResponse | StreamingResponse:
@@ -95,7 +103,7 @@ async def prompt_completion(
     return _prompt_body(text, 200)
 
 
-@router.post("/chat", response_model=ArticleChatResponse)
+@router.post("/chat", response_model=ArticleChatResponse, responses=SUBMIT_ERRORS)
 async def article_chat(
     body: ArticleChatRequest, http: Request, state: StateDep, caller: CallerDep
 ) -> ArticleChatResponse | StreamingResponse:

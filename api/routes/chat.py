@@ -12,6 +12,7 @@ from starlette.responses import StreamingResponse
 
 from api import sse
 from api.deps import CallerDep, StateDep
+from api.error_docs import SUBMIT_ERRORS
 from api.job_control import cancel_quietly, submit
 from api.metrics import observe_events
 from api.model_routing import check_model
@@ -30,7 +31,7 @@ from api.streams import Heartbeat
 from shared.errors import RedisUnavailable, TokenrelayError, from_type
 from shared.events import Done, Error, TokenChunk, Usage
 
-router = APIRouter(prefix="/v1", tags=["chat"])
+router = APIRouter(prefix="/v1", tags=["chat"], responses=SUBMIT_ERRORS)
 
 
 @router.post("/chat/completions", response_model=None)

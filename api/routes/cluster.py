@@ -8,9 +8,10 @@ from fastapi import APIRouter, Query
 
 from api.cluster_view import ClusterView, read_cluster
 from api.deps import AdminDep, StateDep
+from api.error_docs import AUTH_ERRORS
 from shared.scripts import RECENT_JOBS_KEPT
 
-router = APIRouter(prefix="/v1", tags=["cluster"])
+router = APIRouter(prefix="/v1", tags=["cluster"], responses=AUTH_ERRORS)
 
 
 @router.get("/cluster")

@@ -10,6 +10,7 @@ from starlette.responses import StreamingResponse
 
 from api import sse
 from api.deps import CallerDep, StateDep
+from api.error_docs import SUBMIT_ERRORS
 from api.job_control import submit
 from api.model_routing import check_model
 from api.openai_schema import Completion, CompletionChoice, CompletionRequest
@@ -18,7 +19,7 @@ from api.stream_start import first_output
 from shared.errors import TokenrelayError
 from shared.events import Done
 
-router = APIRouter(prefix="/v1", tags=["completions"])
+router = APIRouter(prefix="/v1", tags=["completions"], responses=SUBMIT_ERRORS)
 
 
 @router.post("/completions", response_model=None)

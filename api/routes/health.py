@@ -7,6 +7,7 @@ from fastapi.responses import JSONResponse
 from redis.exceptions import RedisError
 
 from api.deps import StateDep
+from api.error_docs import AUTH_ERRORS
 from api.errors import error_response
 from shared.errors import RedisUnavailable
 
@@ -19,7 +20,7 @@ async def healthz() -> dict[str, str]:
     return {"status": "ok"}
 
 
-@router.get("/readyz", response_model=None)
+@router.get("/readyz", response_model=None, responses={503: AUTH_ERRORS[503]})
 async def readyz(state: StateDep) -> dict[str, str] | JSONResponse:
     """Ready when Redis answers; 503 `redis_unavailable` otherwise."""
     try:

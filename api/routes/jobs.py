@@ -13,6 +13,7 @@ from starlette.responses import StreamingResponse
 
 from api import sse
 from api.deps import CallerDep, StateDep
+from api.error_docs import JOB_ERRORS, SUBMIT_ERRORS
 from api.job_control import cancel, get_record, submit
 from api.job_request import JobRequest
 from api.model_routing import check_model
@@ -21,10 +22,10 @@ from api.streams import Heartbeat
 from shared.errors import InvalidRequest, RedisUnavailable
 from shared.jobs import JobRecord
 
-router = APIRouter(prefix="/v1/jobs", tags=["jobs"])
+router = APIRouter(prefix="/v1/jobs", tags=["jobs"], responses=JOB_ERRORS)
 
 
-@router.post("", status_code=202, response_model=JobRecord)
+@router.post("", status_code=202, response_model=JobRecord, responses=SUBMIT_ERRORS)
 async def create_job(body: JobRequest, state: StateDep, caller: CallerDep) -> JSONResponse:
     """Admit and enqueue a generation; poll `Location` or stream `Location/events`."""
     await check_model(state, body.model)

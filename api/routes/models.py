@@ -7,10 +7,11 @@ import time
 from fastapi import APIRouter
 
 from api.deps import CallerDep, StateDep
+from api.error_docs import AUTH_ERRORS
 from api.model_routing import served_models
 from api.openai_schema import ModelCard, ModelList
 
-router = APIRouter(prefix="/v1", tags=["models"])
+router = APIRouter(prefix="/v1", tags=["models"], responses=AUTH_ERRORS)
 
 _STARTED = int(time.time())
 

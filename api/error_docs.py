@@ -1,0 +1,52 @@
+"""The error body and responses every route documents in the OpenAPI schema."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from pydantic import BaseModel
+
+
+class ErrorDetail(BaseModel):
+    message: str
+    type: str
+    param: str | None
+    code: str
+
+
+class ErrorBody(BaseModel):
+    """OpenAI's error shape; `code` is tokenrelay's stable `error_type`."""
+
+    error: ErrorDetail
+
+
+def _doc(description: str) -> dict[str, Any]:
+    return {"model": ErrorBody, "description": description}
+
+
+AUTH_ERRORS: dict[int | str, dict[str, Any]] = {
+    401: _doc("Missing or invalid API key (`invalid_api_key`)"),
+    503: _doc("Redis unreachable (`redis_unavailable`)"),
+}
+
+SUBMIT_ERRORS: dict[int | str, dict[str, Any]] = {
+    400: _doc(
+        "Invalid request: the message names the field (`invalid_request_error`, "
+        "`context_length_exceeded`)"
+    ),
+    404: _doc("Unknown model (`model_not_found`)"),
+    413: _doc("Body larger than TOKENRELAY_MAX_REQUEST_BYTES (`request_too_large`)"),
+    429: _doc("The API key's own in-flight limit (`rate_limit_exceeded`), with Retry-After"),
+    503: _doc(
+        "Cluster at capacity (`cluster_overloaded`, with Retry-After), model without "
+        "live workers (`model_unavailable`), job expired in the queue (`expired`), worker "
+        "lost (`worker_lost`) or Redis unreachable (`redis_unavailable`)"
+    ),
+    401: AUTH_ERRORS[401],
+}
+
+JOB_ERRORS: dict[int | str, dict[str, Any]] = {
+    **AUTH_ERRORS,
+    400: _doc("Invalid `Last-Event-ID`"),
+    404: _doc("No such job, or another key's job (`job_not_found`)"),
+}
