@@ -7,6 +7,8 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -14,7 +16,7 @@ import httpx
 import redis
 from rq import Worker
 
-from shared.embedded_redis import free_port
+from shared.embedded_redis import EmbeddedRedis, free_port
 
 STARTUP_TIMEOUT_S = 60.0
 STOP_TIMEOUT_S = 20.0
@@ -100,6 +102,23 @@ class Cluster:
                 process.kill()
                 process.wait()
         self.processes.clear()
+
+
+@contextmanager
+def running_cluster(
+    model_dir: Path, log_dir: Path, settings: dict[str, str], *, api_workers: int = 1
+) -> Iterator[Cluster]:
+    """A cluster on its own Redis: one worker, one API with `api_workers` processes."""
+    with EmbeddedRedis() as server:
+        cluster = Cluster(
+            redis_url=server.url, model_dir=model_dir, log_dir=log_dir, settings=settings
+        )
+        try:
+            cluster.start_worker()
+            cluster.start_api(workers=api_workers)
+            yield cluster
+        finally:
+            cluster.stop()
 
 
 def _alive(process: subprocess.Popen[bytes]) -> bool:

@@ -13,27 +13,19 @@ import pytest
 import requests
 
 from api.routes.article_clients import _PromptSSE
-from shared.embedded_redis import EmbeddedRedis
-from tests.cluster import MODEL_NAME, Cluster
+from tests.cluster import MODEL_NAME, Cluster, running_cluster
 
 pytestmark = pytest.mark.e2e
 
 
 @pytest.fixture(scope="module")
 def cluster(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
-    with EmbeddedRedis() as server:
-        cluster = Cluster(
-            redis_url=server.url,
-            model_dir=tiny_model_dir,
-            log_dir=tmp_path_factory.mktemp("logs"),
-            settings={"TOKENRELAY_MAX_INFLIGHT": "1", "TOKENRELAY_WORKER_CONCURRENCY": "1"},
-        )
-        try:
-            cluster.start_worker()
-            cluster.start_api()
-            yield cluster
-        finally:
-            cluster.stop()
+    with running_cluster(
+        tiny_model_dir,
+        tmp_path_factory.mktemp("logs"),
+        {"TOKENRELAY_MAX_INFLIGHT": "1", "TOKENRELAY_WORKER_CONCURRENCY": "1"},
+    ) as cluster:
+        yield cluster
 
 
 # The first article's client, as published (only the URL and a timeout added).

@@ -16,8 +16,8 @@ from rq import Worker
 from rq.serializers import JSONSerializer
 
 from shared.client import _sse_data
-from shared.embedded_redis import EmbeddedRedis, free_port
-from tests.cluster import MODEL_NAME, Cluster, tokenrelay_command
+from shared.embedded_redis import free_port
+from tests.cluster import MODEL_NAME, Cluster, running_cluster, tokenrelay_command
 
 LONG_JOB_TOKENS = 1800  # many seconds on the tiny model (2048 positions): holds the one slot
 COMMAND_TIMEOUT_S = 60
@@ -25,19 +25,12 @@ COMMAND_TIMEOUT_S = 60
 
 @pytest.fixture(scope="module")
 def cluster(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
-    with EmbeddedRedis() as server:
-        cluster = Cluster(
-            redis_url=server.url,
-            model_dir=tiny_model_dir,
-            log_dir=tmp_path_factory.mktemp("cli-client-logs"),
-            settings={"TOKENRELAY_MAX_INFLIGHT": "2", "TOKENRELAY_WORKER_CONCURRENCY": "1"},
-        )
-        try:
-            cluster.start_worker()
-            cluster.start_api()
-            yield cluster
-        finally:
-            cluster.stop()
+    with running_cluster(
+        tiny_model_dir,
+        tmp_path_factory.mktemp("cli-client-logs"),
+        {"TOKENRELAY_MAX_INFLIGHT": "2", "TOKENRELAY_WORKER_CONCURRENCY": "1"},
+    ) as cluster:
+        yield cluster
 
 
 @pytest.fixture

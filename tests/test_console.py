@@ -17,11 +17,10 @@ from playwright.sync_api import Browser, Page, expect, sync_playwright
 from api.app import create_app
 from api.routes.console import STATIC_DIR
 from shared import keys, scripts
-from shared.embedded_redis import EmbeddedRedis
 from shared.rq_jobs import GENERATE_FUNCTION
 from shared.script_runner import SyncScripts
 from shared.settings import Settings
-from tests.cluster import MODEL_NAME, Cluster
+from tests.cluster import MODEL_NAME, Cluster, running_cluster
 from worker.rq_worker import build_worker
 
 SECRET = "the secret prompt 🌊 nobody else may read"
@@ -209,23 +208,17 @@ def console_cluster(
     tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[Cluster]:
     """Keys on, room for one job, two API processes: the page's requests land on either."""
-    with EmbeddedRedis() as server:
-        cluster = Cluster(
-            redis_url=server.url,
-            model_dir=tiny_model_dir,
-            log_dir=tmp_path_factory.mktemp("console-logs"),
-            settings={
-                "TOKENRELAY_MAX_INFLIGHT": "1",
-                "TOKENRELAY_API_KEYS": USER_KEY,
-                "TOKENRELAY_ADMIN_API_KEYS": ADMIN_KEY,
-            },
-        )
-        try:
-            cluster.start_worker()
-            cluster.start_api(workers=2)
-            yield cluster
-        finally:
-            cluster.stop()
+    with running_cluster(
+        tiny_model_dir,
+        tmp_path_factory.mktemp("console-logs"),
+        {
+            "TOKENRELAY_MAX_INFLIGHT": "1",
+            "TOKENRELAY_API_KEYS": USER_KEY,
+            "TOKENRELAY_ADMIN_API_KEYS": ADMIN_KEY,
+        },
+        api_workers=2,
+    ) as cluster:
+        yield cluster
 
 
 @pytest.fixture(scope="module")

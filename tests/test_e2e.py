@@ -14,8 +14,7 @@ import pytest
 import redis
 
 from shared import keys
-from shared.embedded_redis import EmbeddedRedis
-from tests.cluster import MODEL_NAME, Cluster
+from tests.cluster import MODEL_NAME, Cluster, running_cluster
 
 pytestmark = pytest.mark.e2e
 
@@ -25,23 +24,17 @@ MESSAGES = [{"role": "user", "content": "写一首诗 about the sea 🌊\nplease
 
 @pytest.fixture(scope="module")
 def cluster(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
-    with EmbeddedRedis() as server:
-        cluster = Cluster(
-            redis_url=server.url,
-            model_dir=tiny_model_dir,
-            log_dir=tmp_path_factory.mktemp("logs"),
-            settings={
-                "TOKENRELAY_MAX_INFLIGHT": "2",
-                "TOKENRELAY_LEASE_TTL_S": "3",
-                "TOKENRELAY_WORKER_CONCURRENCY": "1",
-            },
-        )
-        try:
-            cluster.start_worker()
-            cluster.start_api(workers=2)
-            yield cluster
-        finally:
-            cluster.stop()
+    with running_cluster(
+        tiny_model_dir,
+        tmp_path_factory.mktemp("logs"),
+        {
+            "TOKENRELAY_MAX_INFLIGHT": "2",
+            "TOKENRELAY_LEASE_TTL_S": "3",
+            "TOKENRELAY_WORKER_CONCURRENCY": "1",
+        },
+        api_workers=2,
+    ) as cluster:
+        yield cluster
 
 
 @pytest.fixture

@@ -22,10 +22,9 @@ from api.metrics import Metrics, observe_events
 from api.request_log import LOGGER_NAME, RequestRecord, recording
 from shared import keys
 from shared.cli import _prometheus_multiproc_dir
-from shared.embedded_redis import EmbeddedRedis
 from shared.events import Done, Error, Event, Started, TokenChunk, Usage
 from shared.settings import Settings
-from tests.cluster import MODEL_NAME, Cluster
+from tests.cluster import MODEL_NAME, Cluster, running_cluster
 
 SECRET = "the launch code is 0000"
 MESSAGES = [{"role": "user", "content": SECRET}]
@@ -250,19 +249,13 @@ async def test_an_error_event_sets_the_job_status_it_stands_for(
 
 @pytest.fixture(scope="module")
 def cluster(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
-    with EmbeddedRedis() as server:
-        cluster = Cluster(
-            redis_url=server.url,
-            model_dir=tiny_model_dir,
-            log_dir=tmp_path_factory.mktemp("metrics-logs"),
-            settings={"TOKENRELAY_WORKER_CONCURRENCY": "2"},
-        )
-        try:
-            cluster.start_worker()
-            cluster.start_api(workers=2)
-            yield cluster
-        finally:
-            cluster.stop()
+    with running_cluster(
+        tiny_model_dir,
+        tmp_path_factory.mktemp("metrics-logs"),
+        {"TOKENRELAY_WORKER_CONCURRENCY": "2"},
+        api_workers=2,
+    ) as cluster:
+        yield cluster
 
 
 def api_request_lines(cluster: Cluster) -> list[dict[str, object]]:
