@@ -17,6 +17,7 @@ from shared.settings import Settings
 
 REDIS_POOL_SIZE = 32
 REDIS_POOL_WAIT_S = 5.0
+REDIS_CONNECT_TIMEOUT_S = 5.0  # an unreachable Redis (no RST) is a 503, not a 2-minute hang
 
 
 @dataclass
@@ -39,6 +40,7 @@ class AppState:
             health_check_interval=30,
             max_connections=REDIS_POOL_SIZE,
             timeout=REDIS_POOL_WAIT_S,
+            socket_connect_timeout=REDIS_CONNECT_TIMEOUT_S,
         )
         client = redis.asyncio.Redis.from_pool(pool)
         return cls(

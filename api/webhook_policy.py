@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import asyncio
 import ipaddress
+import re
 import socket
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
@@ -36,6 +37,7 @@ from shared.settings import Settings
 
 WEBHOOK_EVENTS = ("start", "completed")
 MAX_URL_LENGTH = 2048
+_LABEL = re.compile(r"[a-z0-9_](?:[a-z0-9_-]{0,61}[a-z0-9_])?")
 
 IPAddress = ipaddress.IPv4Address | ipaddress.IPv6Address
 Resolver = Callable[[str, int], Awaitable[list[IPAddress]]]
@@ -101,6 +103,11 @@ def check_url(url: str, settings: Settings) -> httpx.URL:
     host = ascii_host(parsed)
     if not host:
         raise WebhookRefused("must name a host")
+    literal = _ip_literal(host)
+    if literal is None and not _is_hostname(host):
+        raise WebhookRefused(f"host {host!r} is not a valid host name")
+    if parsed.port is not None and not 1 <= parsed.port <= 65535:
+        raise WebhookRefused(f"port must be 1 to 65535, got {parsed.port}")
     if parsed.userinfo:
         raise WebhookRefused("must not carry credentials; deliveries are signed instead")
     if parsed.fragment:
@@ -109,7 +116,6 @@ def check_url(url: str, settings: Settings) -> httpx.URL:
         raise WebhookRefused(
             f"host {host!r} is not on this gateway's allow-list (TOKENRELAY_WEBHOOK_ALLOWED_HOSTS)"
         )
-    literal = _ip_literal(host)
     if literal is not None:
         reason = address_refusal(literal, allow_private=settings.webhook_allow_private)
         if reason is not None:
@@ -208,6 +214,10 @@ def pinned_request(
         content=body,
         extensions=extensions,
     )
+
+
+def _is_hostname(host: str) -> bool:
+    return len(host) <= 253 and all(_LABEL.fullmatch(label) for label in host.split("."))
 
 
 def _ip_literal(host: str) -> IPAddress | None:

@@ -31,6 +31,7 @@ import base64
 import hashlib
 import hmac
 import logging
+import math
 import os
 import socket
 import time
@@ -131,16 +132,18 @@ class Dispatcher:
         dispatcher_id = dispatcher_id or f"{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex}"
         self.queue = WebhookQueue(client, dispatcher_id, settings.webhook_visibility_timeout_s)
         self._tick_s = min(1.0, settings.webhook_visibility_timeout_s / 3)
+        self._fresh_s = settings.webhook_visibility_timeout_s / 2
+        self._heartbeat_at = -math.inf  # time.monotonic() of the last heartbeat that landed
+        self._registered = asyncio.Event()
         self._slots = asyncio.Semaphore(MAX_CONCURRENT_DELIVERIES)
         self._inflight: set[asyncio.Task[None]] = set()
 
     async def run(self) -> None:
         """Deliver until cancelled, then hand what is still held back to the queue."""
-        registered = asyncio.Event()
         try:
             async with asyncio.TaskGroup() as group:
-                group.create_task(self._tick_forever(registered))
-                group.create_task(self._take_forever(registered))
+                group.create_task(self._tick_forever())
+                group.create_task(self._take_forever())
         finally:
             await self._stop()
 
@@ -160,6 +163,8 @@ class Dispatcher:
             return Outcome.DROPPED
         except _Transient as exc:
             return await self._retry(raw, delivery, str(exc))
+        except RedisError as exc:
+            return await self._retry(raw, delivery, f"Redis: {exc}")
         except Exception as exc:  # a bug must not strand the delivery: retry it like a failure
             log.exception("webhook %s: unexpected error", delivery.message_id)
             return await self._retry(raw, delivery, f"unexpected error: {exc!r}")
@@ -242,20 +247,29 @@ class Dispatcher:
                 await asyncio.sleep(REDIS_RETRY_S * 2**attempt)
         raise AssertionError("unreachable")
 
-    async def _tick_forever(self, registered: asyncio.Event) -> None:
+    async def _tick_forever(self) -> None:
         while True:
             try:
                 await self.queue.tick()
-                registered.set()
+                self._heartbeat_at = time.monotonic()
+                self._registered.set()
             except RedisError as exc:
                 log.warning("webhook dispatcher heartbeat failed: %s", exc)
             await asyncio.sleep(self._tick_s)
 
-    async def _take_forever(self, registered: asyncio.Event) -> None:
-        await registered.wait()  # never hold a delivery while unregistered: none could recover it
+    async def _wait_registered(self) -> None:
+        """Take nothing unless this dispatcher's heartbeat is surely current: the deliveries
+        of a dispatcher that is not registered (not yet, or taken for dead after a long pause)
+        could not be recovered if it died."""
+        while time.monotonic() - self._heartbeat_at > self._fresh_s:
+            self._registered.clear()
+            await self._registered.wait()
+
+    async def _take_forever(self) -> None:
         while True:
             await self._slots.acquire()
             try:
+                await self._wait_registered()
                 raw = await self.queue.take(TAKE_BLOCK_S)
             except RedisError as exc:
                 self._slots.release()

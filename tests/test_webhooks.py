@@ -1,0 +1,762 @@
+"""Webhooks: the signature, the URL and address policy, the Lua transitions that queue
+deliveries, the dispatcher's reliable queue and retries, and end to end through real processes
+with a local receiver."""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import hashlib
+import hmac
+import http.server
+import ipaddress
+import json
+import queue
+import socket
+import threading
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import httpx
+import pydantic
+import pytest
+import redis
+import redis.asyncio
+
+from api.job_request import JobRequest
+from api.webhook_policy import (
+    IPAddress,
+    Resolver,
+    WebhookRefused,
+    WebhookTarget,
+    address_refusal,
+    check_submission,
+    host_allowed,
+    pinned_request,
+    resolve_target,
+)
+from api.webhook_queue import Delivery, WebhookQueue
+from api.webhooks import Dispatcher, Outcome, backoff_s, signature
+from shared import keys, scripts
+from shared.embedded_redis import EmbeddedRedis
+from shared.errors import InvalidRequest
+from shared.events import Done, Started, Usage
+from shared.jobs import JobRecord
+from shared.script_runner import SyncScripts
+from shared.settings import Settings
+from tests.cluster import MODEL_NAME, Cluster
+
+SECRET = "whsec_" + base64.b64encode(bytes(range(32))).decode()
+PUBLIC = ipaddress.ip_address("93.184.216.34")
+HOOK_URL = "https://hooks.example.com/tokenrelay"
+WAIT_S = 60.0
+
+
+def independent_signature(secret: str, message_id: str, timestamp: str, body: bytes) -> str:
+    """Standard Webhooks verification, written from the spec without tokenrelay's code."""
+    key = base64.b64decode(secret.split("_", 1)[1])
+    signed = message_id.encode() + b"." + timestamp.encode() + b"." + body
+    return "v1," + base64.b64encode(hmac.new(key, signed, hashlib.sha256).digest()).decode()
+
+
+def assert_signed(headers: dict[str, str], body: bytes, secret: str = SECRET) -> None:
+    expected = independent_signature(
+        secret, headers["webhook-id"], headers["webhook-timestamp"], body
+    )
+    assert hmac.compare_digest(headers["webhook-signature"], expected)
+    assert abs(int(headers["webhook-timestamp"]) - time.time()) < 600
+
+
+# --- signing and settings ---------------------------------------------------------------
+
+
+def test_signature_matches_the_standard_webhooks_example() -> None:
+    key = Settings(webhook_secret="whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw").webhook_key
+    assert key is not None
+    sent = signature(key, "msg_p5jXN8AQM9LWM0D4loKWxJek", 1614265330, b'{"test": 2432232314}')
+    assert sent == "v1,g0hM9SsE+OTPJTGt/tmIKtSyZlE3uFJELVlNIOLJ1OE="
+
+
+def test_signature_verifies_with_an_independent_hmac() -> None:
+    key = Settings(webhook_secret=SECRET).webhook_key
+    assert key is not None
+    body = json.dumps({"text": "写一首诗 🌊\n"}, ensure_ascii=False).encode()
+    sent = signature(key, "msg_abc_start", 1700000000, body)
+    assert sent == independent_signature(SECRET, "msg_abc_start", "1700000000", body)
+    assert sent != independent_signature(SECRET, "msg_abc_start", "1700000001", body)
+
+
+@pytest.mark.parametrize(
+    "secret",
+    [
+        "MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw",  # no prefix
+        "whsec_not base64!",
+        "whsec_" + base64.b64encode(b"short").decode(),
+        "whsec_" + base64.b64encode(bytes(65)).decode(),
+    ],
+)
+def test_webhook_secret_must_be_whsec_and_base64_of_24_to_64_bytes(secret: str) -> None:
+    with pytest.raises(pydantic.ValidationError, match="whsec_"):
+        Settings(webhook_secret=secret)
+
+
+def test_empty_webhook_secret_means_none(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("TOKENRELAY_WEBHOOK_SECRET", "")
+    monkeypatch.setenv("TOKENRELAY_WEBHOOK_ALLOWED_HOSTS", " Hooks.Example.COM., .example.org ,")
+    settings = Settings()
+    assert settings.webhook_secret is None and settings.webhook_key is None
+    assert settings.webhook_allowed_hosts == ["hooks.example.com", ".example.org"]
+    assert "whsec" not in repr(Settings(webhook_secret=SECRET))
+
+
+def test_backoff_doubles_from_the_base_and_is_capped() -> None:
+    assert [backoff_s(2.0, n) for n in (1, 2, 3, 4)] == [2.0, 4.0, 8.0, 16.0]
+    assert backoff_s(2.0, 40) == 3600.0
+
+
+# --- URL, host and address policy ------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("host", "allowed"),
+    [
+        ("hooks.example.com", True),
+        ("HOOKS.example.com.", True),
+        ("a.example.org", True),
+        ("b.a.example.org", True),
+        ("example.org", False),  # a suffix entry allows subdomains only
+        ("badexample.org", False),
+        ("example.com", False),
+        ("hooks.example.com.evil.net", False),
+        ("127.0.0.1", True),
+        ("127.0.0.2", False),
+    ],
+)
+def test_allow_list_has_exact_names_and_dot_suffixes(host: str, allowed: bool) -> None:
+    assert host_allowed(host, ["hooks.example.com", ".example.org", "127.0.0.1"]) is allowed
+
+
+@pytest.mark.parametrize(
+    ("address", "refused_by_default", "refused_when_private_allowed"),
+    [
+        ("93.184.216.34", False, False),
+        ("2606:4700::1111", False, False),
+        ("127.0.0.1", True, False),
+        ("::1", True, False),
+        ("10.1.2.3", True, False),
+        ("172.16.0.1", True, False),
+        ("192.168.1.1", True, False),
+        ("169.254.169.254", True, False),  # cloud metadata: link-local
+        ("fe80::1", True, False),
+        ("fd00::1", True, False),
+        ("100.64.0.1", True, False),  # shared address space (CGNAT)
+        ("240.0.0.1", True, False),  # reserved
+        ("::ffff:127.0.0.1", True, False),  # IPv4-mapped loopback
+        ("::ffff:93.184.216.34", False, False),
+        ("2002:a00:1::1", True, False),  # 6to4 of 10.0.0.1
+        ("0.0.0.0", True, True),
+        ("::", True, True),
+        ("224.0.0.1", True, True),
+        ("ff02::1", True, True),
+    ],
+)
+def test_private_loopback_and_link_local_addresses_are_refused_unless_allowed(
+    address: str, refused_by_default: bool, refused_when_private_allowed: bool
+) -> None:
+    ip = ipaddress.ip_address(address)
+    assert (address_refusal(ip, allow_private=False) is not None) is refused_by_default
+    assert (address_refusal(ip, allow_private=True) is not None) is refused_when_private_allowed
+
+
+def webhook_settings(**overrides: object) -> Settings:
+    values: dict[str, object] = {
+        "webhook_secret": SECRET,
+        "webhook_allowed_hosts": ["hooks.example.com", ".example.org", "10.0.0.1", "8.8.8.8"],
+    }
+    values.update(overrides)
+    return Settings.model_validate(values)
+
+
+@pytest.mark.parametrize(
+    ("url", "message"),
+    [
+        ("ftp://hooks.example.com/x", "http or https"),
+        ("hooks.example.com/x", "http or https"),
+        ("https:///x", "must name a host"),
+        ("https://a..example.org/x", "not a valid host name"),
+        ("https://%41.example.org/x", "not a valid host name"),
+        ("https://hooks.example.com:99999/x", "port must be"),
+        ("https://user:pw@hooks.example.com/x", "credentials"),
+        ("https://hooks.example.com/x#frag", "fragment"),
+        ("https://other.example.com/x", "allow-list"),
+        ("http://10.0.0.1/x", "private address"),
+        ("https://hooks.example.com/" + "a" * 2100, "at most 2048"),
+    ],
+)
+def test_submission_refuses_bad_webhook_urls_with_a_400_naming_webhook(
+    url: str, message: str
+) -> None:
+    with pytest.raises(InvalidRequest, match=message) as refused:
+        check_submission(webhook_settings(), url, None)
+    assert refused.value.param == "webhook"
+
+
+def test_submission_needs_an_allow_list_and_a_secret() -> None:
+    with pytest.raises(InvalidRequest, match="TOKENRELAY_WEBHOOK_ALLOWED_HOSTS"):
+        check_submission(Settings(webhook_secret=SECRET), HOOK_URL, None)
+    with pytest.raises(InvalidRequest, match="TOKENRELAY_WEBHOOK_SECRET"):
+        check_submission(Settings(webhook_allowed_hosts=["hooks.example.com"]), HOOK_URL, None)
+
+
+def test_submission_events_filter_defaults_to_both_and_must_not_be_empty() -> None:
+    settings = webhook_settings()
+    assert check_submission(settings, HOOK_URL, None).events == ("start", "completed")
+    assert check_submission(settings, HOOK_URL, ["completed"]).events == ("completed",)
+    with pytest.raises(InvalidRequest) as refused:
+        check_submission(settings, HOOK_URL, [])
+    assert refused.value.param == "webhook_events_filter"
+    lonely = JobRequest.model_validate(
+        {"model": "m", "messages": [{"role": "user", "content": "hi"}], "webhook_events_filter": []}
+    )
+    with pytest.raises(InvalidRequest, match="needs a `webhook`"):
+        lonely.webhook_target(settings)
+    private_ok = webhook_settings(webhook_allow_private=True)
+    assert check_submission(private_ok, "http://10.0.0.1/x", None).url == "http://10.0.0.1/x"
+
+
+def resolver_for(*addresses: str) -> Resolver:
+    async def resolve(host: str, port: int) -> list[IPAddress]:
+        return [ipaddress.ip_address(a) for a in addresses]
+
+    return resolve
+
+
+async def test_delivery_checks_every_address_the_host_resolves_to() -> None:
+    settings = webhook_settings()
+    url, addresses = await resolve_target(HOOK_URL, settings, resolver_for("93.184.216.34"))
+    assert url.host == "hooks.example.com" and addresses == [PUBLIC]
+    with pytest.raises(WebhookRefused, match=r"10\.0\.0\.7, a private address"):
+        await resolve_target(HOOK_URL, settings, resolver_for("93.184.216.34", "10.0.0.7"))
+    with pytest.raises(WebhookRefused, match="allow-list"):
+        await resolve_target("https://gone.example.net/", settings, resolver_for("8.8.8.8"))
+
+
+def test_pinned_request_connects_to_the_checked_address_keeping_host_and_tls_name() -> None:
+    client = httpx.AsyncClient()
+    secure = pinned_request(
+        client, httpx.URL("https://Hooks.Example.com:8443/p?q=1"), PUBLIC, {"a": "b"}, b"{}"
+    )
+    assert str(secure.url) == "https://93.184.216.34:8443/p?q=1"
+    assert secure.headers["host"] == "hooks.example.com:8443"
+    assert secure.extensions["sni_hostname"] == "hooks.example.com"
+    assert secure.headers["a"] == "b" and secure.content == b"{}"
+    plain = pinned_request(
+        client,
+        httpx.URL("http://hooks.example.com/p"),
+        ipaddress.ip_address("2606:4700::1"),
+        {},
+        b"",
+    )
+    assert str(plain.url) == "http://[2606:4700::1]/p"
+    assert plain.headers["host"] == "hooks.example.com"
+    assert "sni_hostname" not in plain.extensions
+
+
+# --- the Lua transitions queue deliveries -----------------------------------------------
+
+
+@pytest.fixture
+def run(sync_redis: redis.Redis) -> SyncScripts:
+    return SyncScripts(sync_redis)
+
+
+def admit_with_webhook(
+    run: SyncScripts,
+    settings: Settings,
+    sync_redis: redis.Redis,
+    job_id: str,
+    events: tuple[str, ...] | None = ("start", "completed"),
+    url: str = HOOK_URL,
+) -> None:
+    scripts.check_admitted(run.run(scripts.admit(settings, job_id, "owner", "m")))
+    if events is not None:
+        sync_redis.hset(keys.job(job_id), mapping=WebhookTarget(url, events).hash_fields())
+
+
+def start(run: SyncScripts, settings: Settings, job_id: str) -> object:
+    return run.run(
+        scripts.start(settings, job_id, "w1", Started(worker="w1", prompt_tokens=3).to_wire())
+    )
+
+
+def succeed(run: SyncScripts, settings: Settings, job_id: str) -> int:
+    usage = Usage(prompt_tokens=3, completion_tokens=2, total_tokens=5)
+    fields: dict[str, scripts.Arg] = {"finish_reason": "stop", "prompt_tokens": 3}
+    fields["completion_tokens"] = 2
+    done = Done(finish_reason="stop", usage=usage).to_wire()
+    return int(run.run(scripts.finish(settings, job_id, "succeeded", fields, done)))
+
+
+def queued(sync_redis: redis.Redis) -> list[Delivery]:
+    """Deliveries waiting, oldest first."""
+    raws = sync_redis.lrange(keys.webhook_deliveries(), 0, -1)
+    return [Delivery.parse(raw) for raw in reversed(raws)]
+
+
+def test_start_and_finish_queue_their_deliveries_exactly_once(
+    run: SyncScripts, settings: Settings, sync_redis: redis.Redis
+) -> None:
+    admit_with_webhook(run, settings, sync_redis, "j1")
+    assert queued(sync_redis) == []
+    assert start(run, settings, "j1") == "running"
+    assert queued(sync_redis) == [Delivery("j1", "start", 0)]
+    assert succeed(run, settings, "j1") == 1
+    assert succeed(run, settings, "j1") == 0  # already terminal: no second delivery
+    assert queued(sync_redis) == [Delivery("j1", "start"), Delivery("j1", "completed")]
+
+
+def test_the_events_filter_and_jobs_without_webhooks(
+    run: SyncScripts, settings: Settings, sync_redis: redis.Redis
+) -> None:
+    admit_with_webhook(run, settings, sync_redis, "only-completed", events=("completed",))
+    admit_with_webhook(run, settings, sync_redis, "no-webhook", events=None)
+    for job_id in ("only-completed", "no-webhook"):
+        start(run, settings, job_id)
+        succeed(run, settings, job_id)
+    assert queued(sync_redis) == [Delivery("only-completed", "completed")]
+
+
+def test_every_terminal_path_queues_completed(
+    run: SyncScripts, redis_url: str, sync_redis: redis.Redis
+) -> None:
+    settings = Settings(redis_url=redis_url, max_inflight=10)
+    admit_with_webhook(run, settings, sync_redis, "cancelled", events=("completed",))
+    assert run.run(scripts.cancel(settings, "cancelled")) == "cancelled"
+    admit_with_webhook(run, settings, sync_redis, "lost", events=("completed",))
+    start(run, settings, "lost")
+    admit_with_webhook(run, settings, sync_redis, "late", events=("completed",))
+    sync_redis.zadd(keys.leases(), {"lost": 0, "late": 0})
+    assert run.run(scripts.reap(settings)) == ["lost"]
+    deliveries = queued(sync_redis)
+    assert sorted(d.job_id for d in deliveries) == ["cancelled", "late", "lost"]
+    assert {d.event for d in deliveries} == {"completed"}
+    statuses = [sync_redis.hget(keys.job(j), "status") for j in ("cancelled", "lost", "late")]
+    assert statuses == ["cancelled", "failed", "expired"]
+
+
+# --- the dispatcher ---------------------------------------------------------------------
+
+
+@dataclass
+class FakeReceiver:
+    """An httpx handler that answers `statuses` in turn (then 204) and keeps the requests."""
+
+    statuses: list[int] = field(default_factory=list)
+    requests: list[httpx.Request] = field(default_factory=list)
+
+    def __call__(self, request: httpx.Request) -> httpx.Response:
+        self.requests.append(request)
+        return httpx.Response(self.statuses.pop(0) if self.statuses else 204)
+
+
+@pytest.fixture
+def hook_settings(redis_url: str) -> Settings:
+    return webhook_settings(
+        redis_url=redis_url, max_inflight=10, webhook_backoff_s=10, webhook_max_attempts=3
+    )
+
+
+def make_dispatcher(
+    client: redis.asyncio.Redis,
+    settings: Settings,
+    receiver: FakeReceiver,
+    resolver: Resolver | None = None,
+) -> Dispatcher:
+    http = httpx.AsyncClient(transport=httpx.MockTransport(receiver))
+    return Dispatcher(
+        client,
+        settings,
+        http,
+        resolver=resolver or resolver_for(str(PUBLIC)),
+        dispatcher_id="d1",
+    )
+
+
+def finished_job(
+    run: SyncScripts, settings: Settings, sync_redis: redis.Redis, job_id: str, **kw: object
+) -> None:
+    admit_with_webhook(run, settings, sync_redis, job_id, **kw)  # type: ignore[arg-type]
+    start(run, settings, job_id)
+    succeed(run, settings, job_id)
+
+
+def redis_now_ms(sync_redis: redis.Redis) -> int:
+    seconds, micros = sync_redis.time()
+    return int(seconds) * 1000 + int(micros) // 1000
+
+
+def nothing_left(sync_redis: redis.Redis) -> bool:
+    processing = list(sync_redis.scan_iter(keys.webhook_processing("*")))
+    lists = [keys.webhook_deliveries(), *processing]
+    return sum(sync_redis.llen(k) for k in lists) + sync_redis.zcard(keys.webhook_retries()) == 0
+
+
+async def test_a_delivery_is_the_signed_record_and_is_settled(
+    run: SyncScripts,
+    hook_settings: Settings,
+    sync_redis: redis.Redis,
+    async_redis: redis.asyncio.Redis,
+) -> None:
+    finished_job(run, hook_settings, sync_redis, "j1")
+    receiver = FakeReceiver()
+    dispatcher = make_dispatcher(async_redis, hook_settings, receiver)
+    await dispatcher.queue.tick()
+    for _event in ("start", "completed"):
+        raw = await dispatcher.queue.take(1)
+        assert raw is not None
+        assert await dispatcher.handle(raw) is Outcome.DELIVERED
+    assert nothing_left(sync_redis)
+    start_request, completed_request = receiver.requests
+    assert start_request.headers["webhook-id"] == "msg_j1_start"
+    assert completed_request.headers["webhook-id"] == "msg_j1_completed"
+    fields = sync_redis.hgetall(keys.job("j1"))
+    record = JobRecord.from_redis("j1", fields, sync_redis.get(keys.job_text("j1")) or "")
+    for request in receiver.requests:
+        assert request.url.host == str(PUBLIC)
+        assert request.headers["host"] == "hooks.example.com"
+        assert request.extensions["sni_hostname"] == "hooks.example.com"
+        assert request.headers["content-type"] == "application/json"
+        assert_signed(dict(request.headers), request.content)
+        assert JobRecord.model_validate_json(request.content) == record
+
+
+async def test_a_failing_receiver_is_retried_with_backoff_and_the_same_webhook_id(
+    run: SyncScripts,
+    hook_settings: Settings,
+    sync_redis: redis.Redis,
+    async_redis: redis.asyncio.Redis,
+) -> None:
+    finished_job(run, hook_settings, sync_redis, "j2", events=("completed",))
+    receiver = FakeReceiver(statuses=[500, 302])  # a redirect is not followed: a failure
+    dispatcher = make_dispatcher(async_redis, hook_settings, receiver)
+    await dispatcher.queue.tick()
+    for failures, expected_delay_ms in ((1, 10_000), (2, 20_000)):
+        raw = await dispatcher.queue.take(1)
+        assert raw is not None
+        assert await dispatcher.handle(raw) is Outcome.RETRYING
+        [(member, due_ms)] = sync_redis.zrange(keys.webhook_retries(), 0, -1, withscores=True)
+        assert Delivery.parse(member) == Delivery("j2", "completed", failures)
+        assert abs(due_ms - redis_now_ms(sync_redis) - expected_delay_ms) < 2_000
+        assert await dispatcher.queue.tick() == (0, 0)  # not due yet
+        sync_redis.zadd(keys.webhook_retries(), {member: 0}, xx=True)  # the clock jumps ahead
+        assert await dispatcher.queue.tick() == (1, 0)
+    raw = await dispatcher.queue.take(1)
+    assert raw is not None
+    assert await dispatcher.handle(raw) is Outcome.DELIVERED
+    assert nothing_left(sync_redis)
+    assert len(receiver.requests) == 3
+    assert {r.headers["webhook-id"] for r in receiver.requests} == {"msg_j2_completed"}
+    for request in receiver.requests:
+        assert_signed(dict(request.headers), request.content)
+
+
+async def test_a_delivery_is_dropped_after_max_attempts(
+    run: SyncScripts,
+    hook_settings: Settings,
+    sync_redis: redis.Redis,
+    async_redis: redis.asyncio.Redis,
+) -> None:
+    settings = hook_settings.model_copy(update={"webhook_max_attempts": 2})
+    finished_job(run, settings, sync_redis, "j3", events=("completed",))
+    receiver = FakeReceiver(statuses=[503, 503, 503])
+    dispatcher = make_dispatcher(async_redis, settings, receiver)
+    await dispatcher.queue.tick()
+    outcomes = []
+    for _attempt in range(2):
+        raw = await dispatcher.queue.take(1)
+        assert raw is not None
+        outcomes.append(await dispatcher.handle(raw))
+        due_now = {member: 0 for member in sync_redis.zrange(keys.webhook_retries(), 0, -1)}
+        if due_now:
+            sync_redis.zadd(keys.webhook_retries(), due_now)
+        await dispatcher.queue.tick()
+    assert outcomes == [Outcome.RETRYING, Outcome.DROPPED]
+    assert len(receiver.requests) == 2
+    assert nothing_left(sync_redis)
+
+
+async def test_a_refused_target_is_dropped_without_a_request_and_dns_failure_retried(
+    run: SyncScripts,
+    hook_settings: Settings,
+    sync_redis: redis.Redis,
+    async_redis: redis.asyncio.Redis,
+) -> None:
+    finished_job(run, hook_settings, sync_redis, "rebound", events=("completed",))
+    receiver = FakeReceiver()
+    rebound = make_dispatcher(async_redis, hook_settings, receiver, resolver_for("127.0.0.1"))
+    await rebound.queue.tick()
+    raw = await rebound.queue.take(1)
+    assert raw is not None
+    assert await rebound.handle(raw) is Outcome.DROPPED
+
+    async def no_dns(host: str, port: int) -> list[IPAddress]:
+        raise socket.gaierror(socket.EAI_NONAME, "Name or service not known")
+
+    finished_job(run, hook_settings, sync_redis, "no-dns", events=("completed",))
+    unresolved = make_dispatcher(async_redis, hook_settings, receiver, no_dns)
+    raw = await unresolved.queue.take(1)
+    assert raw is not None
+    assert await unresolved.handle(raw) is Outcome.RETRYING
+    assert receiver.requests == []
+
+
+async def test_deliveries_of_a_dead_dispatcher_are_recovered_after_the_visibility_timeout(
+    async_redis: redis.asyncio.Redis, sync_redis: redis.Redis
+) -> None:
+    record = Delivery("j4", "completed").to_json()
+    await async_redis.lpush(keys.webhook_deliveries(), record)
+    dead = WebhookQueue(async_redis, "dead", visibility_timeout_s=30)
+    live = WebhookQueue(async_redis, "live", visibility_timeout_s=30)
+    await dead.tick()
+    assert await dead.take(1) == record
+    assert await live.tick() == (0, 0)  # the dead one's heartbeat has not run out yet
+    assert sync_redis.lrange(keys.webhook_processing("dead"), 0, -1) == [record]
+    sync_redis.zadd(keys.webhook_dispatchers(), {"dead": 0})  # 30 s pass without a heartbeat
+    assert await live.tick() == (0, 1)
+    assert sync_redis.lrange(keys.webhook_deliveries(), 0, -1) == [record]
+    assert sync_redis.zrange(keys.webhook_dispatchers(), 0, -1) == ["live"]
+    # The dead one wakes up and fails its attempt: the record is not scheduled a second time.
+    assert await dead.retry_later(record, Delivery("j4", "completed", 1), 1.0) is False
+    assert sync_redis.zcard(keys.webhook_retries()) == 0
+
+
+async def test_a_stopping_dispatcher_hands_its_deliveries_back(
+    async_redis: redis.asyncio.Redis, sync_redis: redis.Redis
+) -> None:
+    record = Delivery("j5", "start").to_json()
+    await async_redis.lpush(keys.webhook_deliveries(), record)
+    stopping = WebhookQueue(async_redis, "stopping", visibility_timeout_s=30)
+    await stopping.tick()
+    assert await stopping.take(1) == record
+    assert await stopping.release() == 1
+    assert sync_redis.lrange(keys.webhook_deliveries(), 0, -1) == [record]
+    assert sync_redis.zcard(keys.webhook_dispatchers()) == 0
+
+
+# --- a real receiver -------------------------------------------------------------------
+
+
+@dataclass
+class Received:
+    path: str
+    headers: dict[str, str]
+    body: bytes
+
+
+class Receiver:
+    """An HTTP server thread on 127.0.0.1 that records every POST; `fail[path]` requests to a
+    path are answered 500 before it starts answering 204."""
+
+    def __init__(self) -> None:
+        self.received: queue.Queue[Received] = queue.Queue()
+        self.fail: dict[str, int] = {}
+        receiver = self
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            def do_POST(self) -> None:
+                body = self.rfile.read(int(self.headers.get("content-length", "0")))
+                headers = {k.lower(): v for k, v in self.headers.items()}
+                receiver.received.put(Received(self.path, headers, body))
+                failures = receiver.fail.get(self.path, 0)
+                receiver.fail[self.path] = failures - 1
+                self.send_response(500 if failures > 0 else 204)
+                self.send_header("content-length", "0")
+                self.end_headers()
+
+            def log_message(self, format: str, *args: object) -> None:
+                pass
+
+        self.server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.port = self.server.server_address[1]
+        self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
+        self.thread.start()
+
+    def next(self, timeout_s: float = WAIT_S) -> Received:
+        return self.received.get(timeout=timeout_s)
+
+    def close(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+        self.thread.join(timeout=10)
+
+
+@pytest.fixture
+def receiver() -> Iterator[Receiver]:
+    server = Receiver()
+    yield server
+    server.close()
+
+
+async def test_the_dispatcher_loop_delivers_through_a_pinned_address(
+    run: SyncScripts,
+    redis_url: str,
+    sync_redis: redis.Redis,
+    async_redis: redis.asyncio.Redis,
+    receiver: Receiver,
+) -> None:
+    settings = webhook_settings(
+        redis_url=redis_url, webhook_allowed_hosts=["hooks.test"], webhook_allow_private=True
+    )
+    url = f"http://hooks.test:{receiver.port}/hook"  # resolvable only by the fake resolver
+    finished_job(run, settings, sync_redis, "j6", events=("completed",), url=url)
+    async with httpx.AsyncClient(trust_env=False, timeout=5) as http:
+        dispatcher = Dispatcher(
+            async_redis, settings, http, resolver=resolver_for("127.0.0.1"), dispatcher_id="loop"
+        )
+        task = asyncio.create_task(dispatcher.run())
+        got = await asyncio.to_thread(receiver.next, 10)
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+    assert got.path == "/hook"
+    assert got.headers["host"] == f"hooks.test:{receiver.port}"
+    assert got.headers["webhook-id"] == "msg_j6_completed"
+    assert_signed(got.headers, got.body)
+    assert sync_redis.zcard(keys.webhook_dispatchers()) == 0  # deregistered on stop
+
+
+# --- the HTTP route, in process ---------------------------------------------------------
+
+
+def test_jobs_route_refuses_webhooks_until_configured_and_stores_a_valid_one(
+    redis_url: str, sync_redis: redis.Redis
+) -> None:
+    from fastapi.testclient import TestClient
+
+    from api.app import create_app
+
+    body = {"model": "m", "messages": [{"role": "user", "content": "hi"}], "webhook": HOOK_URL}
+    with TestClient(create_app(Settings(redis_url=redis_url, served_model_name="m"))) as client:
+        refused = client.post("/v1/jobs", json=body)
+        assert refused.status_code == 400
+        assert refused.json()["error"]["param"] == "webhook"
+        assert "TOKENRELAY_WEBHOOK_ALLOWED_HOSTS" in refused.json()["error"]["message"]
+    settings = webhook_settings(redis_url=redis_url, served_model_name="m")
+    with TestClient(create_app(settings)) as client:
+        bad = client.post("/v1/jobs", json=body | {"webhook": "http://169.254.169.254/latest"})
+        assert bad.status_code == 400 and bad.json()["error"]["param"] == "webhook"
+        wrong_event = client.post("/v1/jobs", json=body | {"webhook_events_filter": ["output"]})
+        assert wrong_event.status_code == 400
+        created = client.post("/v1/jobs", json=body | {"webhook_events_filter": ["completed"]})
+        assert created.status_code == 202
+        job_id = created.json()["id"]
+    assert sync_redis.hmget(keys.job(job_id), "webhook", "webhook_events") == [
+        HOOK_URL,
+        "completed",
+    ]
+
+
+# --- end to end: real API and worker processes ------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def hook_cluster(
+    tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[Cluster]:
+    with EmbeddedRedis() as server:
+        cluster = Cluster(
+            redis_url=server.url,
+            model_dir=tiny_model_dir,
+            log_dir=tmp_path_factory.mktemp("webhook-logs"),
+            settings={
+                "TOKENRELAY_WEBHOOK_SECRET": SECRET,
+                "TOKENRELAY_WEBHOOK_ALLOWED_HOSTS": "127.0.0.1",
+                "TOKENRELAY_WEBHOOK_ALLOW_PRIVATE": "1",
+                "TOKENRELAY_WEBHOOK_BACKOFF_S": "0.2",
+                "TOKENRELAY_WEBHOOK_MAX_ATTEMPTS": "5",
+            },
+        )
+        try:
+            cluster.start_worker()
+            cluster.start_api(workers=2)  # two dispatchers share the queue
+            yield cluster
+        finally:
+            cluster.stop()
+
+
+def submit(cluster: Cluster, webhook: str, tokens: int, events: list[str] | None = None) -> str:
+    body: dict[str, object] = {
+        "model": MODEL_NAME,
+        "messages": [{"role": "user", "content": "tell me about the sea"}],
+        "max_tokens": tokens,
+        "min_tokens": tokens,
+        "seed": 1,
+        "webhook": webhook,
+    }
+    if events is not None:
+        body["webhook_events_filter"] = events
+    response = httpx.post(f"{cluster.base_url}/v1/jobs", json=body, timeout=30)
+    assert response.status_code == 202, response.text
+    return str(response.json()["id"])
+
+
+def wait_until_settled(cluster: Cluster) -> None:
+    """Every delivery queued so far is settled: none waiting, held or scheduled for retry."""
+    client = redis.Redis.from_url(cluster.redis_url, decode_responses=True)
+    try:
+        deadline = time.monotonic() + WAIT_S
+        while not nothing_left(client):
+            assert time.monotonic() < deadline, "webhook deliveries never settled"
+            time.sleep(0.05)
+    finally:
+        client.close()
+
+
+@pytest.mark.e2e
+def test_e2e_start_then_completed_signed_with_the_final_record(
+    hook_cluster: Cluster, receiver: Receiver
+) -> None:
+    job_id = submit(hook_cluster, f"http://127.0.0.1:{receiver.port}/both", tokens=64)
+    first, second = receiver.next(), receiver.next()
+    assert first.headers["webhook-id"] == f"msg_{job_id}_start"
+    assert second.headers["webhook-id"] == f"msg_{job_id}_completed"
+    for delivery in (first, second):
+        assert delivery.path == "/both"
+        assert_signed(delivery.headers, delivery.body)
+    started = json.loads(first.body)
+    assert started["id"] == job_id and started["started_at"] is not None
+    final = httpx.get(f"{hook_cluster.base_url}/v1/jobs/{job_id}", timeout=30).json()
+    assert json.loads(second.body) == final
+    assert final["status"] == "succeeded" and final["usage"]["completion_tokens"] == 64
+    wait_until_settled(hook_cluster)
+    assert receiver.received.empty()
+
+
+@pytest.mark.e2e
+def test_e2e_a_receiver_that_fails_twice_gets_the_third_attempt_with_the_same_id(
+    hook_cluster: Cluster, receiver: Receiver
+) -> None:
+    receiver.fail["/flaky"] = 2
+    job_id = submit(hook_cluster, f"http://127.0.0.1:{receiver.port}/flaky", 4, ["completed"])
+    attempts = [receiver.next() for _ in range(3)]
+    assert {a.headers["webhook-id"] for a in attempts} == {f"msg_{job_id}_completed"}
+    for attempt in attempts:
+        assert_signed(attempt.headers, attempt.body)
+        assert json.loads(attempt.body)["status"] == "succeeded"
+    wait_until_settled(hook_cluster)
+    assert receiver.received.empty()
+    assert receiver.fail["/flaky"] == -1  # answered 500, 500, then 204 once
+
+
+@pytest.mark.e2e
+def test_e2e_a_completed_only_filter_sends_one_delivery(
+    hook_cluster: Cluster, receiver: Receiver
+) -> None:
+    job_id = submit(hook_cluster, f"http://127.0.0.1:{receiver.port}/done", 8, ["completed"])
+    only = receiver.next()
+    assert only.headers["webhook-id"] == f"msg_{job_id}_completed"
+    assert json.loads(only.body)["status"] == "succeeded"
+    wait_until_settled(hook_cluster)
+    assert receiver.received.empty()
