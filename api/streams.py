@@ -41,6 +41,7 @@ class StreamHub:
         self._pubsub = client.pubsub()
         self._readers: dict[str, set[asyncio.Queue[Any]]] = {}
         self._confirmed: dict[str, asyncio.Event] = {}
+        self._connected = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
 
     def start(self) -> None:
@@ -72,18 +73,23 @@ class StreamHub:
                     yield event
                     if is_terminal(event):
                         return
-                try:
-                    item = await asyncio.wait_for(queue.get(), timeout=idle_s)
-                except TimeoutError:
-                    yield HEARTBEAT
-                    pending = await self._replay(job_id, last_seq)
-                    continue
+                if queue.empty():
+                    try:
+                        item = await asyncio.wait_for(queue.get(), timeout=idle_s)
+                    except TimeoutError:
+                        yield HEARTBEAT
+                        pending = await self._replay(job_id, last_seq)
+                        continue
+                else:
+                    item = queue.get_nowait()
                 if item is _RESYNC:
                     pending = await self._replay(job_id, last_seq)
+                elif item.seq <= last_seq:
+                    pending = []  # already replayed from the log
                 elif item.seq == last_seq + 1:
                     pending = [item]
                 else:
-                    pending = await self._replay(job_id, last_seq)
+                    pending = await self._replay(job_id, last_seq)  # a message was lost
 
     async def _replay(self, job_id: str, after_seq: int) -> list[Event]:
         log_key = keys.job_events(job_id)
@@ -99,6 +105,8 @@ class StreamHub:
         try:
             if channel not in self._confirmed:
                 self._confirmed[channel] = asyncio.Event()
+                # Subscribe on the connection the read loop listens to, never a second one.
+                await asyncio.wait_for(self._connected.wait(), _SUBSCRIBE_TIMEOUT_S)
                 await self._pubsub.subscribe(channel)
             await asyncio.wait_for(self._confirmed[channel].wait(), _SUBSCRIBE_TIMEOUT_S)
             yield queue
@@ -114,12 +122,14 @@ class StreamHub:
         while True:
             try:
                 await self._pubsub.connect()
+                self._connected.set()
                 while True:
                     message = await self._pubsub.get_message(timeout=1.0)
                     if message is not None:
                         self._dispatch(message)
             except (RedisError, OSError) as exc:
                 log.warning("pub/sub connection lost, reconnecting: %s", exc)
+                self._connected.clear()
                 for readers in self._readers.values():
                     for queue in readers:
                         queue.put_nowait(_RESYNC)
