@@ -1,9 +1,12 @@
 """Refuse request bodies over `TOKENRELAY_MAX_REQUEST_BYTES` with a 413, as pure ASGI.
 
-A declared `Content-Length` over the limit is refused before the body is read. A body sent
-without one (chunked) is counted as it streams in: the read that crosses the limit raises
-`BodyTooLarge`, and whatever response the app then starts (FastAPI turns a failed body read
-into a 400) is replaced by the 413. Either way the app never holds more than the limit.
+A declared `Content-Length` over the limit is refused before the body is read; one within
+it needs no counting (the server reads no more than is declared), and GET and HEAD routes
+read no body: those requests pass through untouched, their (SSE) responses unwrapped. A
+body of undeclared length (chunked) is counted as it streams in: the read that crosses the
+limit raises `BodyTooLarge`, and whatever response the app then starts (FastAPI turns a
+failed body read into a 400) is replaced by the 413. The app never holds more than the
+limit.
 """
 
 from __future__ import annotations
@@ -34,6 +37,9 @@ class BodySizeLimit:
                 "(TOKENRELAY_MAX_REQUEST_BYTES)"
             )
             await error_response(error)(scope, receive, send)
+            return
+        if declared is not None or scope["method"] in _BODILESS_METHODS:
+            await self.app(scope, receive, send)
             return
         guard = _Guard(receive, send, self.max_bytes)
         try:
@@ -79,6 +85,9 @@ class _Guard:
             "(TOKENRELAY_MAX_REQUEST_BYTES)"
         )
         await error_response(error)(scope, self._receive, self._send)
+
+
+_BODILESS_METHODS = frozenset({"GET", "HEAD"})
 
 
 def _content_length(scope: Scope) -> int | None:

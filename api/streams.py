@@ -25,6 +25,9 @@ log = logging.getLogger(__name__)
 
 _SUBSCRIBE_TIMEOUT_S = 5.0
 _RECONNECT_BACKOFF_S = 0.5
+# What a dropped pub/sub connection raises: under uvloop, a command written to a transport
+# that Redis closed raises RuntimeError ("the handler is closed"), not a ConnectionError.
+_CONNECTION_ERRORS = (RedisError, OSError, RuntimeError)
 
 
 class Heartbeat:
@@ -103,19 +106,23 @@ class StreamHub:
         readers = self._readers.setdefault(channel, set())
         readers.add(queue)
         try:
-            if channel not in self._confirmed:
-                self._confirmed[channel] = asyncio.Event()
-                # Subscribe on the connection the read loop listens to, never a second one.
-                await asyncio.wait_for(self._connected.wait(), _SUBSCRIBE_TIMEOUT_S)
-                await self._pubsub.subscribe(channel)
-            await asyncio.wait_for(self._confirmed[channel].wait(), _SUBSCRIBE_TIMEOUT_S)
+            try:  # a failure here is Redis's (the request answers 503), never a 500
+                if channel not in self._confirmed:
+                    self._confirmed[channel] = asyncio.Event()
+                    # Subscribe on the connection the read loop listens to, never a second one.
+                    await asyncio.wait_for(self._connected.wait(), _SUBSCRIBE_TIMEOUT_S)
+                    await self._pubsub.subscribe(channel)
+                await asyncio.wait_for(self._confirmed[channel].wait(), _SUBSCRIBE_TIMEOUT_S)
+            except _CONNECTION_ERRORS as exc:  # TimeoutError is an OSError
+                message = f"pub/sub subscription failed: {exc!r}"
+                raise redis.exceptions.ConnectionError(message) from exc
             yield queue
         finally:
             readers.discard(queue)
             if not readers:
                 del self._readers[channel]
                 self._confirmed.pop(channel, None)
-                with contextlib.suppress(RedisError):
+                with contextlib.suppress(*_CONNECTION_ERRORS):
                     await self._pubsub.unsubscribe(channel)
 
     async def _read_loop(self) -> None:
@@ -127,7 +134,7 @@ class StreamHub:
                     message = await self._pubsub.get_message(timeout=1.0)
                     if message is not None:
                         self._dispatch(message)
-            except (RedisError, OSError) as exc:
+            except _CONNECTION_ERRORS as exc:
                 log.warning("pub/sub connection lost, reconnecting: %s", exc)
                 self._connected.clear()
                 for readers in self._readers.values():

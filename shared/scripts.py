@@ -188,16 +188,21 @@ EMIT = (
     _LIBRARY
     + r"""
 -- ARGV[7..] triples: job id, event (JSON without seq), text to append to the job's text.
--- Events of jobs no longer running are dropped; returns the ids of those jobs.
+-- Events of jobs no longer running are dropped. Returns the ids of the jobs to stop: those
+-- no longer running, and those asked to stop (a cancel is also announced on the cancel
+-- channel, but a worker between pub/sub connections misses it: it still stops the job here).
 local stopped = {}
 for i = 7, #ARGV, 3 do
   local id = ARGV[i]
-  if redis.call('HGET', key(T_HASH, id), 'status') == 'running' then
+  local status, cancelling = unpack(redis.call('HMGET', key(T_HASH, id), 'status',
+    'cancel_requested'))
+  if status == 'running' then
     emit(id, ARGV[i + 1])
     if ARGV[i + 2] ~= '' then
       redis.call('APPEND', key(T_TEXT, id), ARGV[i + 2])
     end
-  else
+  end
+  if status ~= 'running' or cancelling then
     table.insert(stopped, id)
   end
 end

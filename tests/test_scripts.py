@@ -132,6 +132,17 @@ def test_emit_drops_events_of_jobs_no_longer_running(
     assert [e["type"] for e in log(sync_redis, "x")] == ["started", "error"]
 
 
+def test_emit_stops_a_cancelled_job_whose_worker_missed_the_cancel_message(
+    run: SyncScripts, settings: Settings, sync_redis: redis.Redis
+) -> None:
+    admit(run, settings, "x")
+    run.run(scripts.start(settings, "x", "w1", started()))
+    assert run.run(scripts.cancel(settings, "x")) == "cancelling"  # nobody heard the publish
+    chunk = TokenChunk(text="a", tokens=1).to_wire()
+    assert run.run(scripts.emit(settings, [("x", chunk, "a")])) == ["x"]
+    assert [e["type"] for e in log(sync_redis, "x")] == ["started", "token"]
+
+
 def test_cancel_of_a_queued_job_ends_it_and_start_then_refuses(
     run: SyncScripts, settings: Settings, sync_redis: redis.Redis
 ) -> None:
