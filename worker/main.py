@@ -72,6 +72,13 @@ def run_worker(settings: Settings, *, demo: bool = False) -> int:
         settings.worker_drain_s, active.request_stop_all, args=(StopReason.SHUTDOWN,)
     )
     drain.daemon = True
+    stopping = threading.Event()
+
+    def on_stop_requested() -> None:
+        if not stopping.is_set():
+            stopping.set()
+            drain.start()
+
     keeper.start()
     batcher.start()
     log.info(
@@ -82,20 +89,23 @@ def run_worker(settings: Settings, *, demo: bool = False) -> int:
         settings.worker_concurrency,
     )
     try:
-        while True:
+        while not stopping.is_set():
             worker = build_worker(
                 connection,
                 name,
                 {GENERATE_FUNCTION: runner.generate},
                 model=settings.model_id,
                 concurrency=settings.worker_concurrency,
-                on_stop_requested=drain.start,
+                on_stop_requested=on_stop_requested,
             )
             try:
                 worker.work(logging_level="INFO")
-                break
             except (redis.ConnectionError, redis.TimeoutError) as exc:
-                log.warning("lost Redis (%s); reconnecting in %.1fs", exc, _RECONNECT_BACKOFF_S)
+                log.warning("lost Redis: %s", exc)
+            if not stopping.is_set():
+                # RQ's loop also ends by itself on a Redis timeout or an unexpected error:
+                # only a stop request ends this worker.
+                log.warning("RQ's work loop ended; restarting it in %.1fs", _RECONNECT_BACKOFF_S)
                 time.sleep(_RECONNECT_BACKOFF_S)
     except StopRequested:
         log.info("stop requested while reconnecting")
