@@ -15,7 +15,13 @@ from shared.errors import JobNotFound, RedisUnavailable
 from shared.events import Error
 from shared.generation import GenerationRequest
 from shared.jobs import JobRecord, JobStatus
-from shared.rq_jobs import JOB_ID_PATTERN, Priority, enqueue_generation, remove_queued
+from shared.rq_jobs import (
+    JOB_ID_PATTERN,
+    Priority,
+    enqueue_generation,
+    fail_lost_jobs,
+    remove_queued,
+)
 
 log = logging.getLogger(__name__)
 
@@ -33,7 +39,12 @@ async def submit(
     settings = state.settings
     request_log.note_generation(caller.owner, request)
     admit = scripts.admit(settings, job_id, caller.owner, request.model, caller.max_inflight)
-    scripts.check_admitted(await state.scripts.run(admit))
+    reply = await state.scripts.run(admit)
+    if lost := scripts.reaped_by_admission(reply):
+        state.spawn(
+            asyncio.to_thread(fail_lost_jobs, state.rq_connection, lost, settings.result_ttl_s)
+        )
+    scripts.check_admitted(reply)
     request_log.note_job(job_id)
     try:
         if webhook is not None:  # before the enqueue, so the worker's START already sees it

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass
+from typing import Any
 
 from shared import keys
 from shared.errors import Overloaded, QuotaExceeded
@@ -129,22 +130,23 @@ ADMIT = (
 -- ARGV[14] the error type a refusal is counted under, ARGV[15] the owner's own limit
 -- (0: none), ARGV[16] the error type an owner's refusal is counted under.
 -- Returns {1, in_flight} when admitted, {0, in_flight} when the global limit is reached,
--- {-1, owner_in_flight} when the owner's limit is.
+-- {-1, owner_in_flight} when the owner's limit is; each followed by the ids of running jobs
+-- the reaping failed as `worker_lost` (their RQ registries still call them started).
 local id, limit, lease_ms = ARGV[7], tonumber(ARGV[8]), tonumber(ARGV[9])
 local now = now_ms()
-reap(now, tonumber(ARGV[12]))
+local lost = reap(now, tonumber(ARGV[12]))
 local owner_limit = tonumber(ARGV[15])
 if owner_limit > 0 then
   local owner_in_flight = redis.call('SCARD', KEYS[4])
   if owner_in_flight >= owner_limit then
     redis.call('HINCRBY', KEYS[3], ARGV[16], 1)
-    return {-1, owner_in_flight}
+    return {-1, owner_in_flight, unpack(lost)}
   end
 end
 local in_flight = redis.call('ZCARD', LEASES)
 if in_flight >= limit then
   redis.call('HINCRBY', KEYS[3], ARGV[14], 1)
-  return {0, in_flight}
+  return {0, in_flight, unpack(lost)}
 end
 redis.call('ZADD', LEASES, now + lease_ms, id)
 redis.call('SADD', KEYS[4], id)
@@ -152,7 +154,7 @@ redis.call('HSET', key(T_HASH, id), 'status', 'queued', 'owner', ARGV[10], 'mode
   'created_at', now_s_text(), 'next_seq', 0, 'owner_jobs', KEYS[4])
 redis.call('LPUSH', KEYS[2], id)
 redis.call('LTRIM', KEYS[2], 0, tonumber(ARGV[13]) - 1)
-return {1, in_flight + 1}
+return {1, in_flight + 1, unpack(lost)}
 """
 )
 
@@ -328,7 +330,12 @@ def admit(
     )
 
 
-def check_admitted(reply: list[int]) -> int:
+def reaped_by_admission(reply: list[Any]) -> list[str]:
+    """Running jobs an ADMIT call failed as `worker_lost` on its way (see `reap`)."""
+    return [str(job_id) for job_id in reply[2:]]
+
+
+def check_admitted(reply: list[Any]) -> int:
     """The in-flight count after admission; raises `QuotaExceeded` when the caller's own
     limit is reached, `Overloaded` when the global one is."""
     admitted, in_flight = int(reply[0]), int(reply[1])

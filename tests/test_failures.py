@@ -101,7 +101,10 @@ def test_worker_killed_mid_stream_fails_the_job_and_queued_jobs_survive(cluster:
         assert record["error"]["type"] == "worker_lost"
         connection = redis.Redis.from_url(cluster.redis_url)
         failed = FailedJobRegistry(queue=generation_queue(connection, MODEL_NAME, "normal"))
-        assert running in failed.get_job_ids(cleanup=False)
+        deadline = time.monotonic() + 5  # the reaper moves it right after marking it failed
+        while running not in failed.get_job_ids(cleanup=False):
+            assert time.monotonic() < deadline, "the job never reached RQ's failed registry"
+            time.sleep(0.05)
         connection.close()
         cluster.start_worker()
         assert read_events(http, queued)[-1]["type"] == "done"

@@ -173,3 +173,14 @@ def test_renew_extends_live_leases_and_reports_lost_ones(
     after = sync_redis.zscore(keys.leases(), "live")
     assert before is not None and after is not None
     assert after != before
+
+
+def test_admission_reports_the_running_jobs_it_reaped(
+    run: SyncScripts, settings: Settings, sync_redis: redis.Redis
+) -> None:
+    admit(run, settings, "dead")
+    run.run(scripts.start(settings, "dead", "w1", started()))
+    sync_redis.zadd(keys.leases(), {"dead": 0})
+    reply = run.run(scripts.admit(settings, "next", "owner", "m"))
+    assert scripts.reaped_by_admission(reply) == ["dead"]
+    assert scripts.check_admitted(reply) == 1
