@@ -14,7 +14,6 @@ from api import sse
 from api.deps import CallerDep, StateDep
 from api.error_docs import SUBMIT_ERRORS
 from api.job_control import cancel_quietly, submit
-from api.metrics import observe_events
 from api.model_routing import check_model
 from api.openai_schema import (
     AssistantMessage,
@@ -25,6 +24,7 @@ from api.openai_schema import (
     ChunkChoice,
     Delta,
 )
+from api.relay import collect
 from api.state import AppState
 from api.stream_start import StreamItem, first_output
 from api.streams import Heartbeat
@@ -49,27 +49,14 @@ async def create_chat_completion(
 
 
 async def _complete(state: AppState, job_id: str, model: str) -> ChatCompletion:
-    parts: list[str] = []
-    events = state.hub.events(job_id, idle_s=state.settings.sse_ping_s)
-    async for event in observe_events(state.redis, job_id, events):
-        if isinstance(event, TokenChunk):
-            parts.append(event.text)
-        elif isinstance(event, Done):
-            return ChatCompletion(
-                id=f"chatcmpl-{job_id}",
-                created=int(time.time()),
-                model=model,
-                choices=[
-                    Choice(
-                        message=AssistantMessage(content="".join(parts)),
-                        finish_reason=event.finish_reason,
-                    )
-                ],
-                usage=event.usage,
-            )
-        elif isinstance(event, Error):
-            raise from_type(event.error_type, event.message)
-    raise TokenrelayError("the job's event stream ended without a final event")
+    text, done = await collect(state, job_id)
+    return ChatCompletion(
+        id=f"chatcmpl-{job_id}",
+        created=int(time.time()),
+        model=model,
+        choices=[Choice(message=AssistantMessage(content=text), finish_reason=done.finish_reason)],
+        usage=done.usage,
+    )
 
 
 async def _stream(
