@@ -1,0 +1,241 @@
+"""The two HTTP servers the benchmark drives, as child processes on free local ports.
+
+(c) `transformers serve --continuous-batching` on the model directory, with explicit
+`--cb-*` cache flags. (d) tokenrelay end to end: an embedded Redis, one `tokenrelay api`
+and one `tokenrelay worker`, so a request goes HTTP → admission → RQ → worker → SSE.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Protocol
+
+import httpx
+
+from shared.embedded_redis import EmbeddedRedis, free_port
+
+STARTUP_TIMEOUT_S = 600.0
+STOP_TIMEOUT_S = 30.0
+SERVED_MODEL_NAME = "bench"
+
+
+class StreamingServer(Protocol):
+    """An OpenAI-compatible server: where to POST chat completions and what to send."""
+
+    @property
+    def chat_url(self) -> str: ...
+
+    def request_body(self, chat: list[dict], new_tokens: int) -> dict: ...
+
+    def pids(self) -> dict[str, int]:
+        """Process role → pid, for CPU accounting and profiling."""
+        ...
+
+    def stop(self) -> None: ...
+
+
+@dataclass(frozen=True)
+class CbFlags:
+    """`transformers serve --cb-*` settings: KV pages of `block_size` tokens, `num_blocks` of
+    them, and at most `max_batch_tokens` tokens per forward pass."""
+
+    block_size: int
+    num_blocks: int
+    max_batch_tokens: int
+
+    def args(self) -> list[str]:
+        return [
+            "--cb-block-size",
+            str(self.block_size),
+            "--cb-num-blocks",
+            str(self.num_blocks),
+            "--cb-max-batch-tokens",
+            str(self.max_batch_tokens),
+        ]
+
+
+def _spawn(
+    command: list[str], log_file: Path, env: dict[str, str] | None = None
+) -> subprocess.Popen[bytes]:
+    with open(log_file, "wb") as log:
+        return subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, env=env)
+
+
+def _stop_process(process: subprocess.Popen[bytes]) -> None:
+    if process.poll() is None:
+        process.send_signal(signal.SIGTERM)
+        try:
+            process.wait(timeout=STOP_TIMEOUT_S)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait()
+
+
+def _wait_until(ready: Callable[[], bool], processes: list[subprocess.Popen[bytes]]) -> None:
+    deadline = time.monotonic() + STARTUP_TIMEOUT_S
+    while time.monotonic() < deadline:
+        for process in processes:
+            if process.poll() is not None:
+                raise RuntimeError(f"{process.args!r} exited with {process.returncode}")
+        try:
+            if ready():
+                return
+        except httpx.HTTPError:
+            pass
+        time.sleep(0.5)
+    raise TimeoutError(f"{[p.args for p in processes]} did not become ready")
+
+
+def _child_with_argument(argument: str) -> int | None:
+    """The pid of a child of this process whose command line has `argument`."""
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat") as stat:
+                parent = int(stat.read().rsplit(")", 1)[1].split()[1])
+            with open(f"/proc/{entry}/cmdline", "rb") as cmdline:
+                arguments = cmdline.read().decode(errors="replace").split("\0")
+        except (OSError, ValueError, IndexError):
+            continue
+        if parent == os.getpid() and argument in arguments:
+            return int(entry)
+    return None
+
+
+def _responds(url: str) -> bool:
+    return httpx.get(url, timeout=2).status_code == 200
+
+
+class TransformersServe:
+    """(c): `transformers serve MODEL_DIR --continuous-batching` with explicit cache flags.
+
+    EOS is ignored by sending a `generation_config` whose `eos_token_id` is -1 (no token),
+    with the model's own sampling defaults; continuous batching takes its shared sampling
+    settings from the first request, which is the same for every request here.
+    """
+
+    def __init__(
+        self, model_dir: Path, dtype: str, cb: CbFlags, sampling: dict, log_dir: Path
+    ) -> None:
+        self._model = str(model_dir)
+        self._sampling = sampling
+        port = free_port()
+        self._url = f"http://127.0.0.1:{port}"
+        command = [
+            str(Path(sys.executable).parent / "transformers"),
+            "serve",
+            self._model,
+            "--continuous-batching",
+            *cb.args(),
+            "--device",
+            "cpu",
+            "--dtype",
+            dtype,
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(port),
+        ]
+        env = dict(os.environ, HF_HUB_OFFLINE="1")
+        self._process = _spawn(command, log_dir / "transformers-serve.log", env)
+        _wait_until(lambda: _responds(f"{self._url}/health"), [self._process])
+
+    @property
+    def chat_url(self) -> str:
+        return f"{self._url}/v1/chat/completions"
+
+    def request_body(self, chat: list[dict], new_tokens: int) -> dict:
+        generation = {**self._sampling, "max_new_tokens": new_tokens, "eos_token_id": -1}
+        return {
+            "model": self._model,
+            "messages": chat,
+            "max_tokens": new_tokens,
+            "stream": True,
+            "generation_config": json.dumps(generation),
+        }
+
+    def pids(self) -> dict[str, int]:
+        return {"transformers serve": self._process.pid}
+
+    def stop(self) -> None:
+        _stop_process(self._process)
+
+
+class TokenrelayStack:
+    """(d): embedded Redis + `tokenrelay api` + one `tokenrelay worker`."""
+
+    def __init__(self, model_dir: Path, dtype: str, concurrency: int, log_dir: Path) -> None:
+        self._redis = EmbeddedRedis()
+        self._redis.start()
+        port = free_port()
+        self._url = f"http://127.0.0.1:{port}"
+        env = dict(
+            os.environ,
+            TOKENRELAY_REDIS_URL=self._redis.url,
+            TOKENRELAY_MODEL=str(model_dir),
+            TOKENRELAY_SERVED_MODEL_NAME=SERVED_MODEL_NAME,
+            TOKENRELAY_WORKER_CONCURRENCY=str(concurrency),
+            TOKENRELAY_MAX_INFLIGHT=str(max(1000, 4 * concurrency)),
+            TOKENRELAY_DEVICE="cpu",
+            TOKENRELAY_DTYPE=dtype,
+            HF_HUB_OFFLINE="1",
+            PYTHONUNBUFFERED="1",
+        )
+        cli = [sys.executable, "-m", "shared.cli"]
+        self._api = _spawn([*cli, "api", "--port", str(port)], log_dir / "tokenrelay-api.log", env)
+        self._worker = _spawn([*cli, "worker"], log_dir / "tokenrelay-worker.log", env)
+        processes = [self._api, self._worker]
+        _wait_until(lambda: _responds(f"{self._url}/readyz"), processes)
+        _wait_until(self._worker_registered, processes)
+
+    def _worker_registered(self) -> bool:
+        import redis
+        from rq import Worker
+
+        connection = redis.Redis.from_url(self._redis.url)
+        try:
+            return bool(Worker.count(connection=connection) > 0)
+        finally:
+            connection.close()
+
+    @property
+    def chat_url(self) -> str:
+        return f"{self._url}/v1/chat/completions"
+
+    def request_body(self, chat: list[dict], new_tokens: int) -> dict:
+        return {
+            "model": SERVED_MODEL_NAME,
+            "messages": chat,
+            "max_tokens": new_tokens,
+            "min_tokens": new_tokens,
+            "stream": True,
+            "stream_options": {"include_usage": True},
+        }
+
+    def job_times(self, request_id: str) -> tuple[float, float | None]:
+        """`created_at` (admitted) and `started_at` (a worker took it) of the job behind a
+        chat completion id (`chatcmpl-<job id>`), as Unix times."""
+        job_id = request_id.removeprefix("chatcmpl-")
+        record = httpx.get(f"{self._url}/v1/jobs/{job_id}", timeout=10).raise_for_status().json()
+        return float(record["created_at"]), record.get("started_at")
+
+    def pids(self) -> dict[str, int]:
+        pids = {"tokenrelay api": self._api.pid, "tokenrelay worker": self._worker.pid}
+        redis_pid = _child_with_argument(f"{self._redis.port}")
+        if redis_pid is not None:
+            pids["redis-server"] = redis_pid
+        return pids
+
+    def stop(self) -> None:
+        _stop_process(self._worker)
+        _stop_process(self._api)
+        self._redis.stop()
