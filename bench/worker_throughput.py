@@ -321,14 +321,19 @@ class ShapeBench:
         for label, server, measure, concurrency in runs:
             self._wait_for_quiet()
             before = {role: process_ticks(pid) for role, pid in server.pids().items()}
-            if server is tokenrelay:
-                raw = self.log_dir / f"worker-pyspy-{label}.txt"
-                log(f"{self.shape}: py-spy on the worker during a {label} run, into {raw}")
-                run = record_during(worker_pid, raw, measure)
-                self.report.profiles[label] = summarize(raw)
-            else:
-                log(f"{self.shape}: CPU of transformers serve during a {label} run")
-                run = measure()
+            try:
+                if server is tokenrelay:
+                    raw = self.log_dir / f"worker-pyspy-{label}.txt"
+                    log(f"{self.shape}: py-spy on the worker during a {label} run, into {raw}")
+                    run = record_during(worker_pid, raw, measure)
+                    self.report.profiles[label] = summarize(raw)
+                else:
+                    log(f"{self.shape}: CPU of transformers serve during a {label} run")
+                    run = measure()
+            except Exception as exc:
+                log(f"profile run {label} failed: {type(exc).__name__}: {exc}")
+                self.report.failures.append(f"profile {label}: {type(exc).__name__}: {exc}")
+                continue
             if concurrency:
                 cpu = {
                     role: (process_ticks(pid) - before[role]) / _TICKS_PER_S

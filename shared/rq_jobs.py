@@ -1,7 +1,7 @@
 """The RQ side of the contract: queue, job function name, serializer, enqueue options.
 
-Jobs travel as JSON (never pickle). The job function name is a tag, not an import path:
-workers only run the functions in their allow-list (`worker.rq_worker`).
+Jobs travel as JSON, never as serialized Python objects. The job function name is a tag,
+not an import path: workers only run the functions in their allow-list (`worker.rq_worker`).
 """
 
 from __future__ import annotations
