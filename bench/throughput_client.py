@@ -30,18 +30,18 @@ def run_http(
     bodies = [server.request_body(chat, new_tokens) for chat in chats]
     meter = CpuMeter()
     meter.start()
-    started_at = time.time()
-    timings = asyncio.run(_run(server.chat_url, bodies, stagger_s))
+    started_at, timings = asyncio.run(_run(server.chat_url, bodies, stagger_s))
     wall = max(t.end_s for t in timings)
     return RunResult(tuple(timings), wall, meter.foreign_share(), started_at)
 
 
-async def _run(url: str, bodies: list[dict], stagger_s: float) -> list[RequestTiming]:
+async def _run(url: str, bodies: list[dict], stagger_s: float) -> tuple[float, list[RequestTiming]]:
+    """`time.time()` at the run's start, and each request's timing."""
     limits = httpx.Limits(max_connections=None, max_keepalive_connections=None)
     timeout = httpx.Timeout(REQUEST_TIMEOUT_S, connect=30.0)
     async with httpx.AsyncClient(timeout=timeout, limits=limits) as client:
-        start = time.perf_counter()
-        return list(
+        started_at, start = time.time(), time.perf_counter()
+        return started_at, list(
             await asyncio.gather(
                 *(
                     _stream_one(client, url, body, i * stagger_s, start)

@@ -174,6 +174,7 @@ class TokenrelayStack:
     """(d): embedded Redis + `tokenrelay api` + one `tokenrelay worker`."""
 
     def __init__(self, model_dir: Path, dtype: str, concurrency: int, log_dir: Path) -> None:
+        self.max_inflight = max(1000, 4 * concurrency)
         self._redis = EmbeddedRedis()
         self._redis.start()
         port = free_port()
@@ -184,7 +185,7 @@ class TokenrelayStack:
             TOKENRELAY_MODEL=str(model_dir),
             TOKENRELAY_SERVED_MODEL_NAME=SERVED_MODEL_NAME,
             TOKENRELAY_WORKER_CONCURRENCY=str(concurrency),
-            TOKENRELAY_MAX_INFLIGHT=str(max(1000, 4 * concurrency)),
+            TOKENRELAY_MAX_INFLIGHT=str(self.max_inflight),
             TOKENRELAY_DEVICE="cpu",
             TOKENRELAY_DTYPE=dtype,
             HF_HUB_OFFLINE="1",

@@ -76,7 +76,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             reports.append(ShapeBench(shape, args, stack).run())
         gc.collect()
     log(f"done in {time.monotonic() - started:.0f} s")
-    print(render(reports, args.concurrency, args.prompt_tokens, args.new_tokens))
+    print(render(reports, args))
     if args.json:
         args.json.write_text(json.dumps([r.to_json() for r in reports], indent=2) + "\n")
     return 0
@@ -88,6 +88,10 @@ def _csv(text: str) -> list[str]:
 
 def _csv_int(text: str) -> list[int]:
     return [int(part) for part in _csv(text)]
+
+
+def _csv_float(text: str) -> list[float]:
+    return [float(part) for part in _csv(text)]
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -125,7 +129,12 @@ def _parser() -> argparse.ArgumentParser:
     )
     add("--retries", type=int, default=2, help="... at most this many times; keep the quietest")
     add("--stagger-requests", type=int, default=16, help="0 skips the staggered run")
-    add("--stagger-ms", type=float, default=200.0)
+    add(
+        "--stagger-ms",
+        type=_csv_float,
+        default=[200.0, 1000.0],
+        help="arrival intervals, default 200,1000; the first is issue 3's target",
+    )
     add(
         "--dtype",
         choices=("auto", "float32", "bfloat16"),
@@ -236,11 +245,22 @@ class ShapeBench:
             serve = TransformersServe(self.model_dir, dtype, cb, sampling, self.log_dir)
             self.stack.callback(serve.stop)
             log(f"{self.shape}: transformers serve is up ({' '.join(cb.args())})")
+            self.report.setup.append(
+                f"(c) `transformers serve --continuous-batching {' '.join(cb.args())} "
+                f"--device cpu --dtype {dtype}`; EOS off through a per-request "
+                "`generation_config` with `eos_token_id: -1`."
+            )
             modes.append(Mode("c", partial(run_http, serve), serve))
         if "d" in args.modes:
             tokenrelay = TokenrelayStack(self.model_dir, dtype, peak, self.log_dir)
             self.stack.callback(tokenrelay.stop)
             log(f"{self.shape}: tokenrelay api + worker are up (WORKER_CONCURRENCY={peak})")
+            self.report.setup.append(
+                f"(d) one `tokenrelay api` (1 uvicorn process), one `tokenrelay worker` with "
+                f"TOKENRELAY_WORKER_CONCURRENCY={peak}, TOKENRELAY_MAX_INFLIGHT="
+                f"{tokenrelay.max_inflight}, TOKENRELAY_DTYPE={dtype}, other settings at their "
+                "defaults; requests send `min_tokens` = `max_tokens`."
+            )
             modes.append(Mode("d", partial(run_http, tokenrelay), tokenrelay))
         return modes
 
@@ -272,30 +292,34 @@ class ShapeBench:
         return mode.run(self._chats(concurrency, f"{tag}-{attempt}"), self.args.new_tokens)
 
     def _run_staggered(self, servers: dict[str, StreamingServer]) -> None:
-        """(d), then (c): a new request every `--stagger-ms`; each (d) job's Redis timestamps
-        split its TTFT into phases."""
+        """(d), then (c), at each `--stagger-ms`: a new request every interval; each (d) job's
+        Redis timestamps split its TTFT into phases."""
         if self.args.stagger_requests <= 0:
             return
-        for key in ("d", "c"):
-            if key not in servers:
-                continue
-            server = servers[key]
-            label = f"{self.shape} ({key}) staggered"
-            run = self._measure(label, partial(self._stagger_run, server, f"stagger-{key}"))
-            if run is None:
-                continue
-            phases = _phases(server, run) if isinstance(server, TokenrelayStack) else {}
-            stagger = Stagger.of(run, self.args.stagger_ms, phases)
-            self.report.staggers[key] = stagger
-            log(
-                f"{self.shape} ({key}) staggered: mid-batch TTFT p50 "
-                f"{stagger.mid_ttft_p50_s:.2f} s ({stagger.mid_batch}/{stagger.requests} "
-                f"mid-batch), first {stagger.first_ttft_s:.2f} s"
-            )
+        for interval_ms in self.args.stagger_ms:
+            for key in ("d", "c"):
+                if key not in servers:
+                    continue
+                server = servers[key]
+                label = f"{self.shape} ({key}) every {interval_ms:.0f} ms"
+                tag = f"stagger-{key}-{interval_ms:.0f}"
+                run = self._measure(label, partial(self._stagger_run, server, tag, interval_ms))
+                if run is None:
+                    continue
+                phases = _phases(server, run) if isinstance(server, TokenrelayStack) else {}
+                stagger = Stagger.of(key, run, interval_ms, phases)
+                self.report.staggers.append(stagger)
+                log(
+                    f"{label}: mid-batch TTFT p50 {stagger.mid_ttft_p50_s:.2f} s "
+                    f"({stagger.mid_batch}/{stagger.requests} mid-batch), "
+                    f"first {stagger.first_ttft_s:.2f} s"
+                )
 
-    def _stagger_run(self, server: StreamingServer, tag: str, attempt: int) -> RunResult:
+    def _stagger_run(
+        self, server: StreamingServer, tag: str, interval_ms: float, attempt: int
+    ) -> RunResult:
         chats = self._chats(self.args.stagger_requests, f"{tag}-{attempt}")
-        return run_http(server, chats, self.args.new_tokens, self.args.stagger_ms / 1000)
+        return run_http(server, chats, self.args.new_tokens, interval_ms / 1000)
 
     def _run_profiles(self, servers: dict[str, StreamingServer]) -> None:
         """Extra runs on the target shape, outside the table: py-spy on the worker during a
@@ -309,9 +333,10 @@ class ShapeBench:
             return
         worker_pid = tokenrelay.pids()["tokenrelay worker"]
         runs: list[tuple[str, StreamingServer, Callable[[], RunResult], int]] = []
-        if self.args.stagger_requests > 0:
-            stagger = partial(self._stagger_run, tokenrelay, "profile-stagger", 0)
-            runs.append(("staggered", tokenrelay, stagger, 0))
+        if self.args.stagger_requests > 0 and self.args.stagger_ms:
+            interval_ms = self.args.stagger_ms[0]
+            stagger = partial(self._stagger_run, tokenrelay, "profile-stagger", interval_ms, 0)
+            runs.append((f"staggered every {interval_ms:.0f} ms", tokenrelay, stagger, 0))
         for concurrency in self.args.profile_concurrency:
             for key in ("c", "d"):
                 if key in servers:
@@ -323,7 +348,7 @@ class ShapeBench:
             before = {role: process_ticks(pid) for role, pid in server.pids().items()}
             try:
                 if server is tokenrelay:
-                    raw = self.log_dir / f"worker-pyspy-{label}.txt"
+                    raw = self.log_dir / f"worker-pyspy-{label.replace(' ', '-')}.txt"
                     log(f"{self.shape}: py-spy on the worker during a {label} run, into {raw}")
                     run = record_during(worker_pid, raw, measure)
                     self.report.profiles[label] = summarize(raw)

@@ -1,4 +1,9 @@
-"""Sampling one token from one sequence's logits with its own parameters and generator."""
+"""Sampling one token from one sequence's logits with its own parameters and generator.
+
+Top-k first narrows the vocabulary (151,936 ids on Qwen2) to k candidates, and temperature,
+softmax and top-p then work on those k alone: sorting and normalising the whole vocabulary
+for every row of every step cost as much as a quarter of a CPU decode step.
+"""
 
 from __future__ import annotations
 
@@ -18,20 +23,20 @@ def new_generator(seed: int | None, device: str) -> torch.Generator:
 
 
 def sample_token(logits: Any, params: SamplingParams, generator: torch.Generator) -> int:
-    logits = logits.float()
     if params.temperature == 0:
         return int(torch.argmax(logits))
-    logits = logits / params.temperature
-    if 0 < params.top_k < logits.shape[-1]:
-        kth = torch.topk(logits, params.top_k).values[-1]
-        logits = logits.masked_fill(logits < kth, float("-inf"))
-    probs = torch.softmax(logits, dim=-1)
+    if params.top_k <= 0 or params.top_k >= logits.shape[-1]:
+        if params.top_p >= 1.0:
+            probs = torch.softmax(logits.float() / params.temperature, dim=-1)
+            return int(torch.multinomial(probs, 1, generator=generator))
+        values, ids = torch.sort(logits, descending=True)
+    else:
+        values, ids = torch.topk(logits, params.top_k)
+    probs = torch.softmax(values.float() / params.temperature, dim=-1)
     if params.top_p < 1.0:
-        sorted_probs, order = torch.sort(probs, descending=True)
-        outside = torch.cumsum(sorted_probs, dim=-1) - sorted_probs > params.top_p
-        sorted_probs = sorted_probs.masked_fill(outside, 0.0)
-        probs = torch.zeros_like(probs).scatter(0, order, sorted_probs)
-    return int(torch.multinomial(probs, 1, generator=generator))
+        outside = torch.cumsum(probs, dim=-1) - probs > params.top_p
+        probs = probs.masked_fill(outside, 0.0)
+    return int(ids[torch.multinomial(probs, 1, generator=generator)])
 
 
 def _random_seed() -> int:

@@ -2,10 +2,11 @@
 
 The batch lives in one `DynamicCache`, left-padded: row `i` holds sequence `i`'s keys and
 values right-aligned, and `_mask` marks its real positions. Each step is either a prefill
-of every sequence waiting to join (one padded forward, whose last logits give each its
-first token) whose cache is then merged into the batch, or one decode step for the whole
-batch. Finished or removed rows are dropped at once (`index_select`), and padding columns
-no row needs any more are trimmed, so the cache never holds more than the longest row.
+of every sequence waiting to join (one padded forward that computes logits at the last
+position only, which give each its first token) whose cache is then merged into the
+batch, or one decode step for the whole batch. Finished or removed rows are dropped at
+once (`index_select`), and padding columns no row needs any more are trimmed, so the cache
+never holds more than the longest row.
 """
 
 from __future__ import annotations
@@ -135,7 +136,11 @@ class TransformersEngine:
         ids, mask = ids.to(self.device), mask.to(self.device)
         positions = (mask.cumsum(-1) - 1).clamp(min=0)
         output = self.model(
-            input_ids=ids, attention_mask=mask, position_ids=positions, use_cache=True
+            input_ids=ids,
+            attention_mask=mask,
+            position_ids=positions,
+            use_cache=True,
+            logits_to_keep=1,
         )
         rows = [
             _Row(j.seq_id, j.params, new_generator(j.params.seed, self.device), len(j.prompt_ids))
