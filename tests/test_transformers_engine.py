@@ -74,6 +74,16 @@ def test_jobs_join_at_any_step_and_leave_when_done(engine: TransformersEngine) -
     assert sizes[-1] == 1, "the short job's row was freed when it finished"
 
 
+def test_prefill_and_decode_alternate_while_jobs_keep_joining(
+    engine: TransformersEngine,
+) -> None:
+    jobs = [("running", "a", GREEDY, 0)] + [(f"j{i}", "b", GREEDY, i) for i in range(1, 4)]
+    _, sizes = run(engine, jobs)
+    # step 0 prefills "running"; j1 (added at step 1) waits for a decode of "running", then
+    # joins with j2 in one prefill; j3 (added at step 3) waits for a decode of all three.
+    assert sizes[:6] == [1, 1, 2, 3, 1, 4]
+
+
 def test_removed_job_frees_its_row_at_once(engine: TransformersEngine) -> None:
     ids = engine.encode_chat([ChatMessage(role="user", content="x")])
     engine.add("p", ids, GREEDY)

@@ -4,9 +4,11 @@ The batch lives in one `DynamicCache`, left-padded: row `i` holds sequence `i`'s
 values right-aligned, and `_mask` marks its real positions. Each step is either a prefill
 of every sequence waiting to join (one padded forward that computes logits at the last
 position only, which give each its first token) whose cache is then merged into the
-batch, or one decode step for the whole batch. Finished or removed rows are dropped at
-once (`index_select`), and padding columns no row needs any more are trimmed, so the cache
-never holds more than the longest row.
+batch, or one decode step for the whole batch. When both have work they alternate: a steady
+stream of arrivals cannot stall the running sequences (each waits at most one prefill per
+token), and a sequence waiting to join waits at most one decode step. Finished or removed
+rows are dropped at once (`index_select`), and padding columns no row needs any more are
+trimmed, so the cache never holds more than the longest row.
 """
 
 from __future__ import annotations
@@ -91,6 +93,7 @@ class TransformersEngine:
         self._joiners: list[_Joiner] = []
         self._cache: Any = None
         self._mask: torch.Tensor | None = None
+        self._prefilled_last = False
 
     def encode_chat(self, messages: Sequence[ChatMessage]) -> list[int]:
         chat = [{"role": m.role, "content": m.content} for m in messages]
@@ -119,9 +122,11 @@ class TransformersEngine:
 
     def step(self) -> list[TokenOutput]:
         with torch.inference_mode():
-            if self._joiners:
+            if self._joiners and not (self._rows and self._prefilled_last):
+                self._prefilled_last = True
                 return self._prefill()
             if self._rows:
+                self._prefilled_last = False
                 return self._decode()
         return []
 
