@@ -34,10 +34,12 @@ async def submit(
     webhook: WebhookTarget | None = None,
 ) -> str:
     """Admit and enqueue a job at `priority` (else the caller's key's default); raises
-    `QuotaExceeded` or `Overloaded` when the key's or the global limit is reached."""
+    `ContextLengthExceeded` for a request that can never fit a worker, `QuotaExceeded` or
+    `Overloaded` when the key's or the global limit is reached."""
     job_id = uuid.uuid4().hex
     settings = state.settings
     request_log.note_generation(caller.owner, request)
+    await state.prompt_fit.check(request)
     admit = scripts.admit(settings, job_id, caller.owner, request.model, caller.max_inflight)
     reply = await state.scripts.run(admit)
     if lost := scripts.reaped_by_admission(reply):

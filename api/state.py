@@ -11,6 +11,7 @@ import redis.asyncio
 from redis import Redis
 
 from api.api_keys import KeyRing
+from api.prompt_fit import PromptFit
 from api.streams import StreamHub
 from shared.script_runner import AsyncScripts
 from shared.settings import Settings
@@ -28,6 +29,7 @@ class AppState:
     scripts: AsyncScripts
     hub: StreamHub
     keys: KeyRing
+    prompt_fit: PromptFit
     _background: set[asyncio.Task[Any]] = field(default_factory=set)
 
     @classmethod
@@ -50,6 +52,7 @@ class AppState:
             scripts=AsyncScripts(client),
             hub=StreamHub(client),
             keys=KeyRing.from_settings(settings),
+            prompt_fit=PromptFit(client),
         )
 
     def spawn(self, work: Coroutine[Any, Any, Any]) -> None:

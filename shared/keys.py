@@ -51,6 +51,17 @@ def worker(name: str) -> str:
     return f"{PREFIX}:worker:{name}"
 
 
+def model_limits(model: str) -> str:
+    """Hash of what a model's workers publish for admission (`shared.model_limits`): context
+    window, batch token budget, and the content hash of their tokenizer."""
+    return f"{PREFIX}:model:{model}:limits"
+
+
+def tokenizer(sha256: str) -> str:
+    """String holding a tokenizer in `tokenizers`' JSON form, named by its SHA-256."""
+    return f"{PREFIX}:tokenizer:{sha256}"
+
+
 def cancel_channel() -> str:
     """Pub/sub channel on which the ids of running jobs to stop are announced to workers."""
     return f"{PREFIX}:cancel"

@@ -256,6 +256,20 @@ def test_too_long_prompt_fails_with_context_length_exceeded(client: openai.OpenA
     assert "maximum context length" in str(raised.value)
 
 
+def test_a_prompt_that_can_never_fit_is_refused_at_admission(
+    client: openai.OpenAI, cluster: Cluster
+) -> None:
+    connection = redis.Redis.from_url(cluster.redis_url)
+    admitted_before = connection.lrange(keys.recent_jobs(), 0, -1)
+    huge = [{"role": "user", "content": "hello world " * 1200}]
+    with pytest.raises(openai.BadRequestError) as raised:
+        client.chat.completions.create(model=MODEL_NAME, messages=huge, max_tokens=10)
+    assert raised.value.code == "context_length_exceeded"
+    assert "asks for at least" in str(raised.value), "counted by the API, not a worker"
+    assert connection.lrange(keys.recent_jobs(), 0, -1) == admitted_before
+    connection.close()
+
+
 def test_too_long_prompt_is_a_400_before_a_stream_starts(client: openai.OpenAI) -> None:
     huge = [{"role": "user", "content": "hello world " * 1200}]
     with pytest.raises(openai.BadRequestError) as raised:

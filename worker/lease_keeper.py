@@ -1,6 +1,7 @@
 """Background duties of a worker process, on two daemon threads.
 
-- Register the worker (model, capacity, heartbeat) so `/v1/models` lists its model.
+- Register the worker (model, capacity, heartbeat) so `/v1/models` lists its model, and
+  publish the model's limits and tokenizer for admission checks (`shared.model_limits`).
 - Renew the leases of the jobs it runs, all in one round trip, every third of the lease
   TTL, and run the lease reaper (ending jobs of dead workers and expired queued jobs).
   A lease found expired means another process may already have declared the job lost:
@@ -16,6 +17,7 @@ import threading
 import redis
 
 from shared import keys, scripts
+from shared.model_limits import LimitsPublisher
 from shared.rq_jobs import fail_lost_jobs
 from shared.script_runner import SyncScripts
 from shared.settings import Settings
@@ -34,6 +36,7 @@ class LeaseKeeper:
         rq_connection: redis.Redis,
         active: ActiveJobs,
         worker_name: str,
+        limits: LimitsPublisher,
     ) -> None:
         self._settings = settings
         self._client = client
@@ -41,6 +44,7 @@ class LeaseKeeper:
         self._register = scripts.register_worker(
             settings, worker_name, settings.model_id, settings.worker_concurrency
         )
+        self._limits = limits
         self._scripts = SyncScripts(client)
         self._active = active
         self._stopping = threading.Event()
@@ -51,7 +55,7 @@ class LeaseKeeper:
 
     def start(self) -> None:
         try:
-            self._scripts.run(self._register)
+            self._heartbeat()
         except redis.RedisError as exc:
             log.warning("worker registration failed, will retry: %s", exc)
         for thread in self._threads:
@@ -62,8 +66,12 @@ class LeaseKeeper:
         for thread in self._threads:
             thread.join(timeout=5)
 
-    def renew_once(self) -> None:
+    def _heartbeat(self) -> None:
         self._scripts.run(self._register)
+        self._limits.publish(self._client)
+
+    def renew_once(self) -> None:
+        self._heartbeat()
         job_ids = self._active.ids()
         if job_ids:
             lost = self._scripts.run(scripts.renew(self._settings, job_ids))

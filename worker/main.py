@@ -11,6 +11,7 @@ import uuid
 import redis
 from rq.exceptions import StopRequested
 
+from shared.model_limits import LimitsPublisher
 from shared.rq_jobs import GENERATE_FUNCTION
 from shared.script_runner import SyncScripts
 from shared.settings import DEMO_MODEL_NAME, Settings
@@ -67,7 +68,13 @@ def run_worker(settings: Settings, *, demo: bool = False) -> int:
     redis_scripts = SyncScripts(scripts_client)
     batcher = Batcher(engine, redis_scripts, settings, active)
     runner = JobRunner(engine, batcher, redis_scripts, settings, name, active)
-    keeper = LeaseKeeper(settings, scripts_client, connection, active, name)
+    limits = LimitsPublisher(
+        settings.model_id,
+        engine.max_context_tokens,
+        settings.worker_max_batch_tokens,
+        engine.tokenizer_json(),
+    )
+    keeper = LeaseKeeper(settings, scripts_client, connection, active, name, limits)
     drain = threading.Timer(
         settings.worker_drain_s, active.request_stop_all, args=(StopReason.SHUTDOWN,)
     )

@@ -51,6 +51,9 @@ class SyntheticEngine:
     def new_decoder(self) -> IncrementalDecoder:
         return _WordDecoder()
 
+    def tokenizer_json(self) -> str | None:
+        return None
+
     def add(self, seq_id: str, prompt_ids: list[int], params: SamplingParams) -> None:
         self._rows[seq_id] = _Row(params, time.monotonic() + self._first_token_s)
 

@@ -111,6 +111,9 @@ class TransformersEngine:
     def new_decoder(self) -> IncrementalDecoder:
         return _DecodeStreamDecoder(self.tokenizer.backend_tokenizer)
 
+    def tokenizer_json(self) -> str | None:
+        return str(self.tokenizer.backend_tokenizer.to_str())
+
     def add(self, seq_id: str, prompt_ids: list[int], params: SamplingParams) -> None:
         self._joiners.append(_Joiner(seq_id, prompt_ids, params))
 

@@ -1,0 +1,74 @@
+"""What a model's workers tell the API nodes, so that a prompt that can never fit is refused
+at admission rather than by the worker that takes it after it waited in the queue.
+
+A worker publishes, with every heartbeat, its model's context window, its batch's token
+budget (`TOKENRELAY_WORKER_MAX_BATCH_TOKENS`) and the SHA-256 of its tokenizer, whose JSON
+(`tokenizers`' own format, a few MB) it stores once under that hash. Workers of one model
+are expected to share their settings (one ConfigMap in the Helm chart): the latest heartbeat
+wins.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+import redis
+from redis.typing import EncodableT, FieldT
+
+from shared import keys
+
+
+@dataclass(frozen=True)
+class ModelLimits:
+    context_tokens: int
+    batch_tokens: int
+    #: "" when the worker's engine has no tokenizer to share (the synthetic engine).
+    tokenizer_sha256: str = ""
+
+    @property
+    def tokens_per_job(self) -> int:
+        """Most tokens (prompt + `max_tokens`) one job may need."""
+        return min(self.context_tokens, self.batch_tokens)
+
+    def to_hash(self) -> dict[FieldT, EncodableT]:
+        return {
+            "context_tokens": self.context_tokens,
+            "batch_tokens": self.batch_tokens,
+            "tokenizer_sha256": self.tokenizer_sha256,
+        }
+
+    @classmethod
+    def from_hash(cls, fields: Mapping[str | bytes, str | bytes]) -> ModelLimits | None:
+        """The limits in a hash `to_hash` wrote; None for an empty (never published) hash."""
+        text = {
+            (k.decode() if isinstance(k, bytes) else k): (v.decode() if isinstance(v, bytes) else v)
+            for k, v in fields.items()
+        }
+        if not text:
+            return None
+        return cls(
+            context_tokens=int(text["context_tokens"]),
+            batch_tokens=int(text["batch_tokens"]),
+            tokenizer_sha256=text.get("tokenizer_sha256", ""),
+        )
+
+
+class LimitsPublisher:
+    """The worker's side: `publish()` on every heartbeat; the tokenizer's JSON is sent only
+    while Redis lacks it (first heartbeat, or after Redis lost its data)."""
+
+    def __init__(
+        self, model: str, context_tokens: int, batch_tokens: int, tokenizer_json: str | None
+    ) -> None:
+        self._model = model
+        self._tokenizer_json = tokenizer_json
+        sha = hashlib.sha256(tokenizer_json.encode()).hexdigest() if tokenizer_json else ""
+        self.limits = ModelLimits(context_tokens, batch_tokens, sha)
+
+    def publish(self, client: redis.Redis) -> None:
+        sha = self.limits.tokenizer_sha256
+        if self._tokenizer_json is not None and not client.exists(keys.tokenizer(sha)):
+            client.set(keys.tokenizer(sha), self._tokenizer_json)
+        client.hset(keys.model_limits(self._model), mapping=self.limits.to_hash())
