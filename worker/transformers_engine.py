@@ -74,6 +74,11 @@ class TransformersEngine:
         except (OSError, ValueError) as exc:
             raise ModelLoadError(f"could not load model {model_name!r}: {exc}") from exc
         self.model.to(device).eval()
+        # As `generate` does: models whose forward takes `logits_to_keep` compute the output
+        # head at the last prompt position only.
+        self._prefill_options = (
+            {"logits_to_keep": 1} if self.model._supports_logits_to_keep() else {}
+        )
         self.max_context_tokens = int(getattr(self.model.config, "max_position_embeddings", 2048))
         generation = self.model.generation_config
         eos = generation.eos_token_id
@@ -148,7 +153,7 @@ class TransformersEngine:
             attention_mask=mask,
             position_ids=positions,
             use_cache=True,
-            logits_to_keep=1,
+            **self._prefill_options,
         )
         rows = [
             _Row(j.seq_id, j.params, new_generator(j.params.seed, self.device), len(j.prompt_ids))
