@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from enum import StrEnum
 
-from pydantic import BaseModel
+from pydantic import BaseModel, Field
 
 from shared.events import Usage
 
@@ -39,6 +39,10 @@ class JobRecord(BaseModel):
     created_at: float
     started_at: float | None = None
     finished_at: float | None = None
+    webhook: str | None = Field(default=None, description="The job's webhook URL, if it has one")
+    webhook_events_filter: list[str] | None = Field(
+        default=None, description="The transitions delivered to `webhook`"
+    )
 
     @classmethod
     def from_redis(cls, job_id: str, fields: dict[str, str], text: str) -> JobRecord:
@@ -52,6 +56,7 @@ class JobRecord(BaseModel):
                 completion_tokens=int(completion),
                 total_tokens=int(prompt) + int(completion),
             )
+        webhook_events = fields.get("webhook_events")
         error = None
         if "error_type" in fields:
             error = JobError(type=fields["error_type"], message=fields.get("error_message", ""))
@@ -66,6 +71,8 @@ class JobRecord(BaseModel):
             created_at=float(fields["created_at"]),
             started_at=_float_or_none(fields.get("started_at")),
             finished_at=_float_or_none(fields.get("finished_at")),
+            webhook=fields.get("webhook"),
+            webhook_events_filter=webhook_events.split(",") if webhook_events else None,
         )
 
 

@@ -74,7 +74,9 @@ def test_openapi_schema_lists_the_http_surface(redis_url: str) -> None:
         request_schema["properties"]
     )
     job_schema = schema["components"]["schemas"]["JobRecord"]
-    assert {"id", "status", "text", "usage", "error"} <= set(job_schema["properties"])
+    assert {"id", "status", "text", "usage", "error", "webhook", "webhook_events_filter"} <= set(
+        job_schema["properties"]
+    )
 
 
 def test_readyz_is_503_when_redis_is_unreachable() -> None:

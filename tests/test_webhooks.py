@@ -652,6 +652,12 @@ def test_jobs_route_refuses_webhooks_until_configured_and_stores_a_valid_one(
         created = client.post("/v1/jobs", json=body | {"webhook_events_filter": ["completed"]})
         assert created.status_code == 202
         job_id = created.json()["id"]
+        read = client.get(f"/v1/jobs/{job_id}").json()
+        plain = client.post("/v1/jobs", json={k: v for k, v in body.items() if k != "webhook"})
+    for record in (created.json(), read):
+        assert record["webhook"] == HOOK_URL
+        assert record["webhook_events_filter"] == ["completed"]
+    assert plain.json()["webhook"] is None and plain.json()["webhook_events_filter"] is None
     assert sync_redis.hmget(keys.job(job_id), "webhook", "webhook_events") == [
         HOOK_URL,
         "completed",
