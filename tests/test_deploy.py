@@ -10,6 +10,7 @@ Three kinds of test:
 
 from __future__ import annotations
 
+import base64
 import importlib.machinery
 import importlib.util
 import json
@@ -404,6 +405,34 @@ def test_secrets_stay_out_of_the_configmap(rendered: dict[str, list[dict[str, An
             env = env_of(pod_spec(one(docs, "Deployment", name))["containers"][0])
             url = env["TOKENRELAY_REDIS_URL"]
             assert "secretKeyRef" in url.get("valueFrom", {}) or "$(REDIS_PASSWORD)" in url["value"]
+
+
+def test_webhook_settings_and_secret_reach_the_api(
+    rendered: dict[str, list[dict[str, Any]]],
+) -> None:
+    default = rendered["default"]
+    assert "TOKENRELAY_WEBHOOK_ALLOWED_HOSTS" not in one(default, "ConfigMap", "tokenrelay")["data"]
+    api_env = env_of(pod_spec(one(default, "Deployment", "-api"))["containers"][0])
+    assert "TOKENRELAY_WEBHOOK_SECRET" not in api_env  # webhooks off by default
+    docs = rendered["keda-bundled-redis"]
+    config = one(docs, "ConfigMap", "tokenrelay")["data"]
+    assert config["TOKENRELAY_WEBHOOK_ALLOWED_HOSTS"] == "hooks.example.com,.svc.cluster.local"
+    assert config["TOKENRELAY_WEBHOOK_ALLOW_PRIVATE"] == "true"
+    assert "TOKENRELAY_WEBHOOK_SECRET" not in config
+    env = env_of(pod_spec(one(docs, "Deployment", "-api"))["containers"][0])
+    ref = env["TOKENRELAY_WEBHOOK_SECRET"]["valueFrom"]["secretKeyRef"]
+    secret = objects(docs, "Secret")[ref["name"]]
+    stored = base64.b64decode(secret["data"][ref["key"]]).decode()
+    assert stored == "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw"
+    assert "api-keys" in secret["data"], "API keys and the webhook secret share the Secret"
+    external = rendered["external-redis"]
+    env = env_of(pod_spec(one(external, "Deployment", "-api"))["containers"][0])
+    assert env["TOKENRELAY_WEBHOOK_SECRET"]["valueFrom"]["secretKeyRef"] == {
+        "name": "tokenrelay-webhooks",
+        "key": "signing-secret",
+    }
+    worker_env = env_of(pod_spec(one(external, "Deployment", "-worker"))["containers"][0])
+    assert "TOKENRELAY_WEBHOOK_SECRET" not in worker_env, "only API pods send webhooks"
 
 
 def test_api_keys_come_from_a_secret(rendered: dict[str, list[dict[str, Any]]]) -> None:

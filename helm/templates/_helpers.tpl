@@ -104,6 +104,18 @@ app.kubernetes.io/managed-by: {{ .ctx.Release.Service }}
 {{- if .Values.auth.existingSecret }}{{ .Values.auth.existingSecretKey }}{{ else }}api-keys{{ end }}
 {{- end }}
 
+{{- define "tokenrelay.webhookSecretName" -}}
+{{- if .Values.webhooks.existingSecret }}
+{{- .Values.webhooks.existingSecret }}
+{{- else if .Values.webhooks.secret }}
+{{- include "tokenrelay.fullname" . }}
+{{- end }}
+{{- end }}
+
+{{- define "tokenrelay.webhookSecretKey" -}}
+{{- if .Values.webhooks.existingSecret }}{{ .Values.webhooks.existingSecretKey }}{{ else }}webhook-secret{{ end }}
+{{- end }}
+
 {{/* The Secret holding the Redis credentials (bundled: the password; external: the URL). */}}
 {{- define "tokenrelay.redis.secretName" -}}
 {{- if .Values.redis.bundled.enabled }}
