@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import json
+
 import pytest
 
 from api import sse
+from api.openai_schema import ChatCompletionChunk, ChunkChoice, Delta
 
 
 def parse_data(raw: bytes) -> str:
@@ -41,3 +44,40 @@ def test_id_and_event_fields_come_first() -> None:
 
 def test_comment_is_ignored_by_clients() -> None:
     assert sse.comment() == b": ping\n\n"
+
+
+TRICKY_TEXTS = [
+    "",
+    "plain",
+    'quote " and \\ backslash',
+    "line\nbreak\r\n",
+    "\x00\x1f ctl",
+    "🚀 你好",
+    "\u2028\u0085\ue000",
+]
+
+
+def test_text_frames_render_once_and_carry_the_same_json_as_the_model() -> None:
+    renders: list[str] = []
+
+    def render(value: str) -> str:
+        renders.append(value)
+        chunk = ChatCompletionChunk(
+            id="chatcmpl-x", created=1, model="m", choices=[ChunkChoice(delta=Delta(content=value))]
+        )
+        return chunk.model_dump_json()
+
+    frames = sse.TextFrames(render)
+    for text in TRICKY_TEXTS:
+        frame = frames.frame(text)
+        assert frame.startswith(b"data: ") and frame.endswith(b"\n\n")
+        assert frame.count(b"\n") == 2, "one data line: JSON escapes line breaks"
+        assert json.loads(frame[len(b"data: ") : -2]) == json.loads(render(text))
+    assert len(renders) == 1 + len(TRICKY_TEXTS), "one template render; the rest by the test"
+
+
+def test_text_frames_render_every_frame_where_the_template_has_no_single_slot() -> None:
+    def twice(value: str) -> str:
+        return json.dumps({"a": value, "b": value})
+
+    assert sse.TextFrames(twice).frame("hi") == sse.encode(twice("hi"))

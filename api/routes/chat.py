@@ -72,7 +72,7 @@ async def _stream(
         yield chunk.delta(Delta(role="assistant", content=""))
         async for event in events:
             if isinstance(event, TokenChunk):
-                yield chunk.delta(Delta(content=event.text))
+                yield chunk.content(event.text)
             elif isinstance(event, Done):
                 yield chunk.delta(Delta(), finish_reason=event.finish_reason)
                 if include_usage:
@@ -101,6 +101,18 @@ class _ChunkWriter:
         self._id = f"chatcmpl-{job_id}"
         self._model = model
         self._created = int(time.time())
+        self._content = sse.TextFrames(
+            lambda text: ChatCompletionChunk(
+                id=self._id,
+                created=self._created,
+                model=self._model,
+                choices=[ChunkChoice(delta=Delta(content=text))],
+            ).model_dump_json()
+        )
+
+    def content(self, text: str) -> bytes:
+        """A chunk carrying `text`: the hot path, once per event of every stream."""
+        return self._content.frame(text)
 
     def delta(self, delta: Delta, finish_reason: str | None = None) -> bytes:
         choice = ChunkChoice(delta=delta, finish_reason=finish_reason)

@@ -44,6 +44,9 @@ class _CompletionSSE:
         self._model = model
         self._created = int(time.time())
         self._include_usage = include_usage
+        self._text = sse.TextFrames(
+            lambda text: self.completion(text, None, None).model_dump_json()
+        )
 
     def completion(self, text: str, finish_reason: str | None, done: Done | None) -> Completion:
         return Completion(
@@ -55,7 +58,7 @@ class _CompletionSSE:
         )
 
     def text(self, text: str) -> bytes:
-        return sse.encode(self.completion(text, None, None).model_dump_json())
+        return self._text.frame(text)
 
     def done(self, event: Done) -> bytes:
         final = self.completion("", event.finish_reason, None)
