@@ -3,7 +3,9 @@ at admission rather than by the worker that takes it after it waited in the queu
 
 A worker publishes, with every heartbeat, its model's context window, its batch's token
 budget (`TOKENRELAY_WORKER_MAX_BATCH_TOKENS`) and the SHA-256 of its tokenizer, whose JSON
-(`tokenizers`' own format, a few MB) it stores once under that hash. Workers of one model
+(`tokenizers`' own format, a few MB) it stores once under that hash. Both keys expire an
+hour after the last heartbeat, so a model nobody serves any more leaves nothing behind (the
+API then skips its check and the worker that takes a job still makes it). Workers of one model
 are expected to share their settings (one ConfigMap in the Helm chart): the latest heartbeat
 wins.
 """
@@ -18,6 +20,9 @@ import redis
 from redis.typing import EncodableT, FieldT
 
 from shared import keys
+
+#: Seconds the published limits and tokenizer outlive the last heartbeat that renewed them.
+LIMITS_TTL_S = 3600
 
 
 @dataclass(frozen=True)
@@ -68,7 +73,11 @@ class LimitsPublisher:
         self.limits = ModelLimits(context_tokens, batch_tokens, sha)
 
     def publish(self, client: redis.Redis) -> None:
-        sha = self.limits.tokenizer_sha256
-        if self._tokenizer_json is not None and not client.exists(keys.tokenizer(sha)):
-            client.set(keys.tokenizer(sha), self._tokenizer_json)
-        client.hset(keys.model_limits(self._model), mapping=self.limits.to_hash())
+        tokenizer_key = keys.tokenizer(self.limits.tokenizer_sha256)
+        if self._tokenizer_json is not None and not client.expire(tokenizer_key, LIMITS_TTL_S):
+            client.set(tokenizer_key, self._tokenizer_json, ex=LIMITS_TTL_S)
+        limits_key = keys.model_limits(self._model)
+        pipe = client.pipeline(transaction=False)
+        pipe.hset(limits_key, mapping=self.limits.to_hash())
+        pipe.expire(limits_key, LIMITS_TTL_S)
+        pipe.execute()

@@ -18,7 +18,7 @@ from api.prompt_fit import PromptFit
 from shared import keys
 from shared.errors import ContextLengthExceeded
 from shared.generation import ChatMessage, GenerationRequest
-from shared.model_limits import LimitsPublisher, ModelLimits
+from shared.model_limits import LIMITS_TTL_S, LimitsPublisher, ModelLimits
 
 MODEL = "m"
 
@@ -68,12 +68,19 @@ def test_limits_survive_the_round_trip_through_a_hash() -> None:
     assert limits.tokens_per_job == 1024
 
 
-def test_the_tokenizer_is_stored_once_under_its_hash(server: fakeredis.FakeServer) -> None:
+def test_the_tokenizer_is_stored_under_its_hash_and_both_keys_expire(
+    server: fakeredis.FakeServer,
+) -> None:
     publish(server, 100, 100, word_tokenizer())
     client = fakeredis.FakeRedis(server=server, decode_responses=True)
-    sha = client.hget(keys.model_limits(MODEL), "tokenizer_sha256")
-    assert client.get(keys.tokenizer(str(sha))) == word_tokenizer()
-    assert client.keys(keys.tokenizer("*")) == [keys.tokenizer(str(sha))]
+    sha = str(client.hget(keys.model_limits(MODEL), "tokenizer_sha256"))
+    assert client.get(keys.tokenizer(sha)) == word_tokenizer()
+    assert client.keys(keys.tokenizer("*")) == [keys.tokenizer(sha)]
+    for key in (keys.model_limits(MODEL), keys.tokenizer(sha)):
+        assert 0 < int(client.ttl(key)) <= LIMITS_TTL_S  # type: ignore[arg-type]
+    client.delete(keys.tokenizer(sha))
+    publish(server, 100, 100, word_tokenizer())
+    assert client.get(keys.tokenizer(sha)) == word_tokenizer(), "sent again once lost"
 
 
 def test_a_request_that_can_never_fit_is_refused_at_the_boundary(
