@@ -84,6 +84,44 @@ def test_prefill_and_decode_alternate_while_jobs_keep_joining(
     assert sizes[:6] == [1, 1, 2, 3, 1, 4]
 
 
+LONG_PROMPT = "a long prompt, prefilled in several chunks: 你好, 世界 🚀 " * 3
+
+
+def test_a_prompt_prefilled_in_chunks_gives_the_same_tokens(
+    engine: TransformersEngine, tiny_model_dir: Path
+) -> None:
+    chunked = TransformersEngine(str(tiny_model_dir), device="cpu", max_prefill_tokens=8)
+    prompt_tokens = len(chunked.encode_chat([ChatMessage(role="user", content=LONG_PROMPT)]))
+    assert prompt_tokens > 3 * 8
+    for params in (GREEDY, SEEDED):
+        whole, _ = run(engine, [("long", LONG_PROMPT, params, 0)])
+        chunks, sizes = run(chunked, [("long", LONG_PROMPT, params, 0)])
+        assert chunks == whole
+        assert sizes[:3] == [0, 0, 0], "no token until the last chunk is in"
+
+
+def test_long_prompts_and_many_joiners_never_stall_the_batch(tiny_model_dir: Path) -> None:
+    short = "hi"
+    short_tokens = len(
+        TransformersEngine(str(tiny_model_dir), device="cpu").encode_chat(
+            [ChatMessage(role="user", content=short)]
+        )
+    )
+    budget = 2 * short_tokens + 1  # two short prompts share a prefill step, three do not
+    engine = TransformersEngine(str(tiny_model_dir), device="cpu", max_prefill_tokens=budget)
+    long_tokens = len(engine.encode_chat([ChatMessage(role="user", content=LONG_PROMPT)]))
+    chunks = -(-long_tokens // budget)
+    assert chunks >= 2
+    jobs = [("running", short, GREEDY, 0), ("long", LONG_PROMPT, GREEDY, 1)]
+    _, sizes = run(engine, jobs)
+    # Each chunk but the last gives no token; a decode of "running" follows every chunk.
+    expected = [1, 1] + [0, 1] * (chunks - 1) + [1, 2]
+    assert sizes[: len(expected)] == expected
+    shorts = [(f"s{i}", short, GREEDY, 0) for i in range(3)]
+    _, sizes = run(engine, shorts)
+    assert sizes[:3] == [2, 2, 1], "two share a prefill, a decode of both, then the third"
+
+
 def test_removed_job_frees_its_row_at_once(engine: TransformersEngine) -> None:
     ids = engine.encode_chat([ChatMessage(role="user", content="x")])
     engine.add("p", ids, GREEDY)

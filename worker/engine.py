@@ -68,7 +68,10 @@ class Engine(Protocol):
 
     def remove(self, seq_id: str) -> None: ...
 
-    def step(self) -> list[TokenOutput]: ...
+    def step(self) -> list[TokenOutput]:
+        """One forward pass: the token of each sequence it advanced (none while a long
+        prompt is only part-way prefilled), and which sequences it finished."""
+        ...
 
 
 class ModelLoadError(RuntimeError):

@@ -35,7 +35,9 @@ def build_engine(settings: Settings) -> Engine:
         return SyntheticEngine(settings.synthetic_tokens_per_s, settings.synthetic_first_token_ms)
     from worker.transformers_engine import TransformersEngine
 
-    return TransformersEngine(settings.model, settings.device, settings.dtype)
+    return TransformersEngine(
+        settings.model, settings.device, settings.dtype, settings.worker_max_prefill_tokens
+    )
 
 
 def run_worker(settings: Settings, *, demo: bool = False) -> int:

@@ -2,13 +2,16 @@
 
 The batch lives in one `DynamicCache`, left-padded: row `i` holds sequence `i`'s keys and
 values right-aligned, and `_mask` marks its real positions. Each step is either a prefill
-of every sequence waiting to join (one padded forward that computes logits at the last
+of sequences waiting to join (one padded forward that computes logits at the last
 position only, which give each its first token) whose cache is then merged into the
-batch, or one decode step for the whole batch. When both have work they alternate: a steady
-stream of arrivals cannot stall the running sequences (each waits at most one prefill per
-token), and a sequence waiting to join waits at most one decode step. Finished or removed
-rows are dropped at once (`index_select`), and padding columns no row needs any more are
-trimmed, so the cache never holds more than the longest row.
+batch, or one decode step for the whole batch. A prefill step takes at most
+`max_prefill_tokens` prompt tokens, padding included: short prompts share one step up to
+that, and a longer prompt is prefilled alone in chunks of that size, in its own cache, and
+joins the batch with its last chunk. When prefill and decode both have work they alternate:
+arrivals and long prompts cannot stall the running sequences (each waits at most one bounded
+prefill per token), and a sequence waiting to join waits at most one decode step. Finished
+or removed rows are dropped at once (`index_select`), and padding columns no row needs any
+more are trimmed, so the cache never holds more than the longest row.
 """
 
 from __future__ import annotations
@@ -44,6 +47,9 @@ class _Joiner:
     seq_id: str
     prompt_ids: list[int]
     params: SamplingParams
+    #: Prompt tokens already in `cache` (a prompt prefilled in chunks).
+    prefilled: int = 0
+    cache: Any = None
 
 
 class _DecodeStreamDecoder:
@@ -58,7 +64,13 @@ class _DecodeStreamDecoder:
 
 
 class TransformersEngine:
-    def __init__(self, model_name: str, device: str = "auto", dtype: str = "auto") -> None:
+    def __init__(
+        self,
+        model_name: str,
+        device: str = "auto",
+        dtype: str = "auto",
+        max_prefill_tokens: int = 2048,
+    ) -> None:
         from transformers import AutoModelForCausalLM, AutoTokenizer
 
         if device == "auto":
@@ -99,6 +111,7 @@ class TransformersEngine:
         self._cache: Any = None
         self._mask: torch.Tensor | None = None
         self._prefilled_last = False
+        self._max_prefill_tokens = max_prefill_tokens
 
     def encode_chat(self, messages: Sequence[ChatMessage]) -> list[int]:
         chat = [{"role": m.role, "content": m.content} for m in messages]
@@ -139,8 +152,17 @@ class TransformersEngine:
         return []
 
     def _prefill(self) -> list[TokenOutput]:
-        joiners, self._joiners = self._joiners, []
-        width = max(len(j.prompt_ids) for j in joiners)
+        budget = self._max_prefill_tokens
+        first = self._joiners[0]
+        if first.prefilled or len(first.prompt_ids) > budget:
+            return self._prefill_chunk(first)
+        count, width = 0, 0
+        for joiner in self._joiners:
+            wider = max(width, len(joiner.prompt_ids))
+            if joiner.prefilled or len(joiner.prompt_ids) > budget or (count + 1) * wider > budget:
+                break
+            count, width = count + 1, wider
+        joiners, self._joiners = self._joiners[:count], self._joiners[count:]
         ids = torch.full((len(joiners), width), self._pad_id, dtype=torch.long)
         mask = torch.zeros((len(joiners), width), dtype=torch.long)
         for i, joiner in enumerate(joiners):
@@ -161,6 +183,31 @@ class TransformersEngine:
         ]
         self._merge(output.cache, mask, rows)
         return self._sample(rows, output.logits[:, -1, :])
+
+    def _prefill_chunk(self, joiner: _Joiner) -> list[TokenOutput]:
+        """The next chunk of a prompt longer than a prefill step; its first token once the
+        last chunk is in, nothing before."""
+        start = joiner.prefilled
+        end = min(start + self._max_prefill_tokens, len(joiner.prompt_ids))
+        ids = torch.tensor([joiner.prompt_ids[start:end]], device=self.device)
+        mask = torch.ones((1, end), dtype=torch.long, device=self.device)
+        positions = torch.arange(start, end, device=self.device).unsqueeze(0)
+        output = self.model(
+            input_ids=ids,
+            attention_mask=mask,
+            position_ids=positions,
+            cache=joiner.cache,
+            use_cache=True,
+            **self._prefill_options,
+        )
+        joiner.cache, joiner.prefilled = output.cache, end
+        if end < len(joiner.prompt_ids):
+            return []
+        self._joiners.remove(joiner)
+        params = joiner.params
+        row = _Row(joiner.seq_id, params, new_generator(params.seed, self.device), end)
+        self._merge(output.cache, mask, [row])
+        return self._sample([row], output.logits[:, -1, :])
 
     def _decode(self) -> list[TokenOutput]:
         assert self._mask is not None
