@@ -54,14 +54,16 @@ def main() -> int:
     }
     runs = []
     for budget, engine in engines.items():
-        _one_run(engine, args, "warm-up")
-        runs.append(_one_run(engine, args, "measured"))
+        _one_run(engine, budget, args, "warm-up")
+        runs.append(_one_run(engine, budget, args, "measured"))
         log(f"max_prefill_tokens={_label(budget)}: {runs[-1]}")
     print(_table(runs, args))
     return 0
 
 
-def _one_run(engine: TransformersEngine, args: argparse.Namespace, tag: str) -> StallRun:
+def _one_run(
+    engine: TransformersEngine, budget: int, args: argparse.Namespace, tag: str
+) -> StallRun:
     temperature, top_p, top_k = engine.sampling_defaults()
     params = SamplingParams(args.new_tokens, args.new_tokens, temperature, top_p, top_k, seed=0)
     chats = make_conversations(args.running, 128, f"stall-{tag}", engine.tokenizer)
@@ -94,7 +96,7 @@ def _one_run(engine: TransformersEngine, args: argparse.Namespace, tag: str) -> 
             if output.finish_reason is not None:
                 finished.add(output.seq_id)
     return StallRun(
-        max_prefill_tokens=engine._max_prefill_tokens,
+        max_prefill_tokens=budget,
         max_gap_s=max(gaps),
         median_gap_s=statistics.median(gaps),
         long_ttft_s=long_first_at - long_added_at,
