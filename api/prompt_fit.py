@@ -15,6 +15,7 @@ the exact count, template included.
 from __future__ import annotations
 
 import asyncio
+import logging
 import time
 
 import redis.asyncio
@@ -25,6 +26,8 @@ from shared.errors import ContextLengthExceeded
 from shared.generation import GenerationRequest
 from shared.model_limits import ModelLimits
 
+log = logging.getLogger(__name__)
+
 #: How long a process trusts the limits it read for a model before reading them again.
 LIMITS_REFRESH_S = 5.0
 
@@ -33,7 +36,8 @@ class PromptFit:
     def __init__(self, client: redis.asyncio.Redis) -> None:
         self._redis = client
         self._limits: dict[str, tuple[float, ModelLimits | None]] = {}
-        self._tokenizers: dict[str, tuple[str, Tokenizer]] = {}
+        #: model → (tokenizer hash, the tokenizer, or None where it could not be loaded).
+        self._tokenizers: dict[str, tuple[str, Tokenizer | None]] = {}
         self._loading = asyncio.Lock()
 
     async def check(self, request: GenerationRequest) -> None:
@@ -75,7 +79,11 @@ class PromptFit:
             if blob is None:
                 return None
             text = blob.decode() if isinstance(blob, bytes) else blob
-            tokenizer = await asyncio.to_thread(Tokenizer.from_str, text)
+            tokenizer: Tokenizer | None = None
+            try:
+                tokenizer = await asyncio.to_thread(Tokenizer.from_str, text)
+            except Exception as exc:  # a format this `tokenizers` cannot read: skip the check
+                log.warning("cannot load the tokenizer of model %r: %s", model, exc)
             self._tokenizers[model] = (sha256, tokenizer)
             return tokenizer
 

@@ -46,18 +46,20 @@ class ModelLimits:
 
     @classmethod
     def from_hash(cls, fields: Mapping[str | bytes, str | bytes]) -> ModelLimits | None:
-        """The limits in a hash `to_hash` wrote; None for an empty (never published) hash."""
+        """The limits in a hash `to_hash` wrote; None for an empty (never published) hash
+        or one that does not hold them."""
         text = {
             (k.decode() if isinstance(k, bytes) else k): (v.decode() if isinstance(v, bytes) else v)
             for k, v in fields.items()
         }
-        if not text:
+        try:
+            return cls(
+                context_tokens=int(text["context_tokens"]),
+                batch_tokens=int(text["batch_tokens"]),
+                tokenizer_sha256=text.get("tokenizer_sha256", ""),
+            )
+        except (KeyError, ValueError):
             return None
-        return cls(
-            context_tokens=int(text["context_tokens"]),
-            batch_tokens=int(text["batch_tokens"]),
-            tokenizer_sha256=text.get("tokenizer_sha256", ""),
-        )
 
 
 class LimitsPublisher:

@@ -113,3 +113,17 @@ def test_without_published_limits_or_tokenizer_the_worker_decides(
     check(server, chat(5000, max_tokens=10))
     publish(server, context=100, batch=100, tokenizer=None)
     check(server, chat(5000, max_tokens=10))
+
+
+def test_unreadable_limits_or_tokenizer_leave_the_decision_to_the_worker(
+    server: fakeredis.FakeServer,
+) -> None:
+    client = fakeredis.FakeRedis(server=server)
+    client.hset(keys.model_limits(MODEL), mapping={"context_tokens": "many"})
+    check(server, chat(5000, max_tokens=10))
+    assert ModelLimits.from_hash({"batch_tokens": "10"}) is None
+    limits = ModelLimits(context_tokens=100, batch_tokens=100, tokenizer_sha256="f00")
+    client.hset(keys.model_limits(MODEL), mapping=limits.to_hash())
+    client.set(keys.tokenizer("f00"), '{"version": "from the future"}')
+    check(server, chat(5000, max_tokens=10))
+    client.close()
