@@ -157,9 +157,9 @@ class TransformersEngine:
         if first.prefilled or len(first.prompt_ids) > budget:
             return self._prefill_chunk(first)
         count, width = 0, 0
-        for joiner in self._joiners:
+        for joiner in self._joiners:  # only the first can be part-way prefilled
             wider = max(width, len(joiner.prompt_ids))
-            if joiner.prefilled or len(joiner.prompt_ids) > budget or (count + 1) * wider > budget:
+            if (count + 1) * wider > budget:
                 break
             count, width = count + 1, wider
         joiners, self._joiners = self._joiners[:count], self._joiners[count:]
