@@ -20,6 +20,7 @@ from typing import Protocol
 
 import httpx
 
+from bench.throughput_stats import child_pids
 from shared.embedded_redis import EmbeddedRedis, free_port
 
 STARTUP_TIMEOUT_S = 600.0
@@ -96,18 +97,14 @@ def _wait_until(ready: Callable[[], bool], processes: list[subprocess.Popen[byte
 
 def _child_with_argument(argument: str) -> int | None:
     """The pid of a child of this process whose command line has `argument`."""
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
+    for pid in child_pids().get(os.getpid(), []):
         try:
-            with open(f"/proc/{entry}/stat") as stat:
-                parent = int(stat.read().rsplit(")", 1)[1].split()[1])
-            with open(f"/proc/{entry}/cmdline", "rb") as cmdline:
+            with open(f"/proc/{pid}/cmdline", "rb") as cmdline:
                 arguments = cmdline.read().decode(errors="replace").split("\0")
-        except (OSError, ValueError, IndexError):
+        except OSError:
             continue
-        if parent == os.getpid() and argument in arguments:
-            return int(entry)
+        if argument in arguments:
+            return pid
     return None
 
 

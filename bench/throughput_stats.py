@@ -133,7 +133,8 @@ def process_ticks(pid: int) -> int:
     return int(fields[11]) + int(fields[12])
 
 
-def _tree_ticks(root: int) -> int:
+def child_pids() -> dict[int, list[int]]:
+    """Every live process's children, by parent pid (from /proc)."""
     children: dict[int, list[int]] = {}
     for entry in os.listdir("/proc"):
         if not entry.isdigit():
@@ -144,6 +145,11 @@ def _tree_ticks(root: int) -> int:
         except (OSError, ValueError, IndexError):
             continue
         children.setdefault(ppid, []).append(int(entry))
+    return children
+
+
+def _tree_ticks(root: int) -> int:
+    children = child_pids()
     total, todo = 0, [root]
     while todo:
         pid = todo.pop()
