@@ -22,7 +22,6 @@ import redis.asyncio
 from tokenizers import Tokenizer
 
 from shared import keys
-from shared.errors import ContextLengthExceeded
 from shared.generation import GenerationRequest
 from shared.model_limits import ModelLimits
 
@@ -46,18 +45,16 @@ class PromptFit:
         limits = await self._limits_of(request.model)
         if limits is None:
             return
-        budget = limits.tokens_per_job
         most = sum(len(text.encode()) + 1 for text in texts)
-        if most + request.max_tokens <= budget:
+        if most + request.max_tokens <= limits.tokens_per_job:
             return
         tokenizer = await self._tokenizer(request.model, limits.tokenizer_sha256)
         if tokenizer is None:
             return
         encodings = await asyncio.to_thread(tokenizer.encode_batch, texts, add_special_tokens=False)
         least = sum(max(len(encoding.ids) - 1, 0) for encoding in encodings)
-        needed = least + request.max_tokens
-        if needed > budget:
-            raise _refusal(request, limits, least, needed)
+        where = "messages" if request.messages else "prompt"
+        limits.check_fits(least, request.max_tokens, where, at_least=True)
 
     async def _limits_of(self, model: str) -> ModelLimits | None:
         read_at, limits = self._limits.get(model, (float("-inf"), None))
@@ -86,24 +83,3 @@ class PromptFit:
                 log.warning("cannot load the tokenizer of model %r: %s", model, exc)
             self._tokenizers[model] = (sha256, tokenizer)
             return tokenizer
-
-
-def _refusal(
-    request: GenerationRequest, limits: ModelLimits, least: int, needed: int
-) -> ContextLengthExceeded:
-    where = "messages" if request.messages else "prompt"
-    asks = (
-        f"at least {needed} tokens ({least} in the {where}, {request.max_tokens} for the "
-        "completion)"
-    )
-    if needed > limits.context_tokens:
-        return ContextLengthExceeded(
-            f"this model's maximum context length is {limits.context_tokens} tokens; the "
-            f"request asks for {asks}: shorten the {where} or lower `max_tokens`",
-            param=where,
-        )
-    return ContextLengthExceeded(
-        f"the request needs {asks} but a worker's batch holds at most {limits.batch_tokens} "
-        "(TOKENRELAY_WORKER_MAX_BATCH_TOKENS)",
-        param=where,
-    )

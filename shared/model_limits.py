@@ -20,6 +20,7 @@ import redis
 from redis.typing import EncodableT, FieldT
 
 from shared import keys
+from shared.errors import ContextLengthExceeded
 
 #: Seconds the published limits and tokenizer outlive the last heartbeat that renewed them.
 LIMITS_TTL_S = 3600
@@ -36,6 +37,30 @@ class ModelLimits:
     def tokens_per_job(self) -> int:
         """Most tokens (prompt + `max_tokens`) one job may need."""
         return min(self.context_tokens, self.batch_tokens)
+
+    def check_fits(
+        self, prompt_tokens: int, max_tokens: int, where: str, *, at_least: bool = False
+    ) -> None:
+        """Raise `ContextLengthExceeded` (400, `param` = `where`) when the prompt's tokens plus
+        `max_tokens` exceed the context window or the batch budget; `at_least` says the
+        prompt's count is a lower bound (the API's, without the chat template)."""
+        needed = prompt_tokens + max_tokens
+        asks = (
+            f"{'at least ' if at_least else ''}{needed} tokens ({prompt_tokens} in the {where}, "
+            f"{max_tokens} for the completion)"
+        )
+        if needed > self.context_tokens:
+            raise ContextLengthExceeded(
+                f"this model's maximum context length is {self.context_tokens} tokens; the "
+                f"request asks for {asks}: shorten the {where} or lower `max_tokens`",
+                param=where,
+            )
+        if needed > self.batch_tokens:
+            raise ContextLengthExceeded(
+                f"the request needs {asks} but a worker's batch holds at most "
+                f"{self.batch_tokens} (TOKENRELAY_WORKER_MAX_BATCH_TOKENS)",
+                param=where,
+            )
 
     def to_hash(self) -> dict[FieldT, EncodableT]:
         return {

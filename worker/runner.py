@@ -7,10 +7,11 @@ import logging
 from typing import Any
 
 from shared import scripts
-from shared.errors import ContextLengthExceeded, GenerationFailed, TokenrelayError
+from shared.errors import GenerationFailed, TokenrelayError
 from shared.events import Done, Error, Started, Usage
 from shared.generation import GenerationRequest
 from shared.jobs import JobStatus
+from shared.model_limits import ModelLimits
 from shared.script_runner import SyncScripts
 from shared.settings import Settings
 from worker.active_jobs import ActiveJobs, StopReason
@@ -98,23 +99,10 @@ class JobRunner:
             job.abandoned = not job.done.is_set()
 
     def _check_fits(self, request: GenerationRequest, prompt_tokens: int) -> None:
-        needed = prompt_tokens + request.max_tokens
-        limit = self._engine.max_context_tokens
-        if needed > limit:
-            raise ContextLengthExceeded(
-                f"this model's maximum context length is {limit} tokens; the request asks for "
-                f"{needed} ({prompt_tokens} in the messages, {request.max_tokens} for the "
-                "completion): shorten the messages or lower `max_tokens`",
-                param="messages",
-            )
-        budget = self._settings.worker_max_batch_tokens
-        if needed > budget:
-            raise ContextLengthExceeded(
-                f"the request needs {needed} tokens ({prompt_tokens} in the messages, "
-                f"{request.max_tokens} for the completion) but a worker's batch holds at most "
-                f"{budget} (TOKENRELAY_WORKER_MAX_BATCH_TOKENS)",
-                param="messages",
-            )
+        limits = ModelLimits(
+            self._engine.max_context_tokens, self._settings.worker_max_batch_tokens
+        )
+        limits.check_fits(prompt_tokens, request.max_tokens, "messages")
 
     def _sampling(self, request: GenerationRequest) -> SamplingParams:
         temperature, top_p, top_k = self._engine.sampling_defaults()
