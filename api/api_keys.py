@@ -19,8 +19,8 @@ from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError
 
-from shared.rq_jobs import Priority
-from shared.settings import Settings
+from tokenrelay.shared.rq_jobs import Priority
+from tokenrelay.shared.settings import Settings
 
 
 def hash_key(api_key: str) -> str:

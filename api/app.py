@@ -8,16 +8,26 @@ from collections.abc import AsyncIterator
 
 from fastapi import FastAPI
 
-from api import errors
-from api.body_limit import BodySizeLimit
-from api.metrics import Metrics
-from api.reaper import reap_forever
-from api.request_log import RequestLog
-from api.routes import article_clients, chat, cluster, completions, console, health, jobs, models
-from api.routes import metrics as metrics_route
-from api.state import AppState
-from api.webhooks import dispatch_webhooks
-from shared.settings import Settings
+from tokenrelay.api import errors
+from tokenrelay.api.body_limit import BodySizeLimit
+from tokenrelay.api.metrics import Metrics
+from tokenrelay.api.reaper import reap_forever
+from tokenrelay.api.request_log import RequestLog
+from tokenrelay.api.routes import (
+    article_clients,
+    chat,
+    cluster,
+    completions,
+    console,
+    health,
+    jobs,
+    models,
+)
+from tokenrelay.api.routes import metrics as metrics_route
+from tokenrelay.api.state import AppState
+from tokenrelay.api.webhooks import dispatch_webhooks
+from tokenrelay.shared.settings import Settings
+from tokenrelay.shared.version import VERSION
 
 
 def create_app(settings: Settings) -> FastAPI:
@@ -40,7 +50,7 @@ def create_app(settings: Settings) -> FastAPI:
     app = FastAPI(
         title="tokenrelay",
         summary="OpenAI-compatible LLM gateway: global admission, queueing, streaming.",
-        version="0.1.0",
+        version=VERSION,
         lifespan=lifespan,
     )
     errors.install(app)

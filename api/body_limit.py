@@ -13,8 +13,8 @@ from __future__ import annotations
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from api.errors import error_response
-from shared.errors import PayloadTooLarge
+from tokenrelay.api.errors import error_response
+from tokenrelay.shared.errors import PayloadTooLarge
 
 
 class BodyTooLarge(Exception):

@@ -1,37 +1,50 @@
-"""What `GET /v1/cluster` reports: admission, queues, workers, recent jobs and rejections.
+"""The one reader of the cluster's state: what `GET /v1/cluster` reports (admission, queues,
+workers, recent jobs, rejections) and the gauges of a `/metrics` scrape.
 
-Everything is read from Redis (the lease set, RQ's queues and worker registry, the job
-hashes), so every API process gives the same answer. Nothing here carries prompt or
+Everything is read from Redis (the lease set, RQ's queues and worker registry, the workers'
+own registrations, the job hashes), so every API process gives the same answer. Only
+tokenrelay's RQ queues (`shared.rq_jobs.queue_model`) and the RQ workers that listen on
+them count: other applications may share the Redis. Nothing here carries prompt or
 generated text: recent jobs are listed by id, status, token counts and timings only.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
+from dataclasses import dataclass
 from datetime import datetime
+from typing import cast
 
 import redis
+import redis.asyncio
 from pydantic import BaseModel, Field
+from redis.exceptions import RedisError
 from rq import Queue, Worker
 from rq.serializers import JSONSerializer
 from rq.worker import BaseWorker
 
-from api.state import AppState
-from shared import keys
-from shared.jobs import JobStatus
-from shared.settings import Settings
+from tokenrelay.api.state import AppState
+from tokenrelay.shared import keys
+from tokenrelay.shared.jobs import JobField, JobStatus
+from tokenrelay.shared.rq_jobs import queue_model
+
+GAUGE_TIMEOUT_S = 1.0  # per gauge of a scrape (three in all)
+# What a worker's registration holds (shared/lua/register_worker.lua writes it). The app's
+# Redis client decodes replies: keys and values read here are `str`.
+_REGISTRATION_FIELDS = ("model", "capacity")
 
 _JOB_FIELDS = (
-    "status",
-    "model",
-    "worker",
-    "created_at",
-    "started_at",
-    "finished_at",
-    "prompt_tokens",
-    "completion_tokens",
-    "finish_reason",
-    "error_type",
+    JobField.STATUS,
+    JobField.MODEL,
+    JobField.WORKER,
+    JobField.CREATED_AT,
+    JobField.STARTED_AT,
+    JobField.FINISHED_AT,
+    JobField.PROMPT_TOKENS,
+    JobField.COMPLETION_TOKENS,
+    JobField.FINISH_REASON,
+    JobField.ERROR_TYPE,
 )
 
 
@@ -43,8 +56,11 @@ class QueueView(BaseModel):
 class WorkerView(BaseModel):
     name: str
     state: str = Field(description="RQ's worker state: `idle`, `busy`, `started`, `suspended`")
-    model: str
-    capacity: int = Field(description="Jobs it decodes at once (TOKENRELAY_WORKER_CONCURRENCY)")
+    model: str = Field(description="The model it serves, from its registration")
+    capacity: int | None = Field(
+        description="Jobs it decodes at once (its TOKENRELAY_WORKER_CONCURRENCY), from its "
+        "registration; null while it has none (not yet written, or lapsed with its heartbeat)"
+    )
     running: list[str] = Field(description="Ids of the jobs it is running now")
     last_heartbeat: float | None = Field(description="Unix time of its last RQ heartbeat")
     started_at: float | None = Field(description="Unix time the worker registered")
@@ -84,13 +100,53 @@ class ClusterView(BaseModel):
     rejections: dict[str, int] = Field(description="Refused admissions by error type")
 
 
+@dataclass
+class ClusterGauges:
+    """The cluster gauges of a scrape; `None` where the read failed or ran out of time."""
+
+    max_inflight: int
+    redis_up: bool = False
+    in_flight: int | None = None
+    queues: dict[str, int] | None = None
+    workers: int | None = None
+
+
+async def read_gauges(state: AppState) -> ClusterGauges:
+    """In-flight jobs, queue depths and live workers, each read within `GAUGE_TIMEOUT_S` on
+    the app's Redis pool; never raises."""
+    gauges = ClusterGauges(max_inflight=state.settings.max_inflight)
+    client = state.redis
+    try:
+        async with asyncio.timeout(GAUGE_TIMEOUT_S):
+            gauges.in_flight = await client.zcard(keys.leases())
+    except (RedisError, OSError, TimeoutError):
+        return gauges
+    gauges.redis_up = True
+    with contextlib.suppress(RedisError, OSError, TimeoutError):
+        async with asyncio.timeout(GAUGE_TIMEOUT_S):
+            gauges.queues = await _queue_depths(client)
+    with contextlib.suppress(RedisError, OSError, TimeoutError):
+        async with asyncio.timeout(GAUGE_TIMEOUT_S):
+            gauges.workers = len(await _worker_models(client))
+    return gauges
+
+
 async def read_cluster(state: AppState, limit: int) -> ClusterView:
-    """One snapshot: RQ's registries (in a thread) alongside tokenrelay's own keys."""
-    (queues, workers), view = await asyncio.gather(
-        asyncio.to_thread(_read_rq, state.rq_connection), _read_tokenrelay(state, limit)
+    """One snapshot: tokenrelay's own keys, its RQ queues and workers, and what RQ records of
+    each worker (in a thread: RQ has no async API) beside its own registration."""
+    view, queues, models = await asyncio.gather(
+        _read_tokenrelay(state, limit), _queue_depths(state.redis), _worker_models(state.redis)
     )
-    view.queues = queues
-    view.workers = [_worker_view(state.settings, worker, running) for worker, running in workers]
+    names = sorted(models)
+    found, registrations = await asyncio.gather(
+        asyncio.to_thread(_rq_workers, state.rq_connection, names),
+        _registrations(state.redis, names),
+    )
+    view.queues = [QueueView(name=name, queued=count) for name, count in queues.items()]
+    view.workers = [
+        _worker_view(worker, running, models[worker.name], registrations[worker.name])
+        for worker, running in found
+    ]
     return view
 
 
@@ -123,25 +179,81 @@ async def _read_tokenrelay(state: AppState, limit: int) -> ClusterView:
     )
 
 
-def _read_rq(connection: redis.Redis) -> tuple[list[QueueView], list[tuple[BaseWorker, list[str]]]]:
-    """Queue depths and live workers with the ids of the jobs they execute (RQ's registry)."""
-    queues = Queue.all(connection=connection, serializer=JSONSerializer)
-    queue_views = [QueueView(name=queue.name, queued=queue.count) for queue in queues]
-    workers = Worker.all(connection=connection, serializer=JSONSerializer)
-    running = [
-        (worker, [execution.job_id for execution in worker.get_current_executions()])
-        for worker in workers
-    ]
-    return queue_views, running
+async def _queue_depths(client: redis.asyncio.Redis) -> dict[str, int]:
+    """Jobs waiting in each of tokenrelay's RQ queues, by name (RQ lists a queue once a job
+    was put on it)."""
+    prefix = Queue.redis_queue_namespace_prefix
+    listed = cast("set[str]", await client.smembers(Queue.redis_queues_keys))
+    names = sorted(
+        key.removeprefix(prefix)
+        for key in listed
+        if key.startswith(prefix) and queue_model(key.removeprefix(prefix)) is not None
+    )
+    async with client.pipeline(transaction=False) as pipe:
+        for name in names:
+            pipe.llen(prefix + name)
+        depths = await pipe.execute()
+    return dict(zip(names, depths, strict=True))
 
 
-def _worker_view(settings: Settings, worker: BaseWorker, running: list[str]) -> WorkerView:
-    """Model and capacity come from the settings, which every process must share."""
+async def _worker_models(client: redis.asyncio.Redis) -> dict[str, str]:
+    """tokenrelay's live RQ workers: name -> the model of the queues it listens on. A worker
+    whose RQ hash expired (it died) or that listens on no queue of ours is left out."""
+    prefix = Worker.redis_worker_namespace_prefix
+    worker_keys = sorted(cast("set[str]", await client.smembers(Worker.redis_workers_keys)))
+    async with client.pipeline(transaction=False) as pipe:
+        for key in worker_keys:
+            pipe.hget(key, "queues")  # RQ's comma-separated queue names
+        listens = await pipe.execute()
+    workers: dict[str, str] = {}
+    for key, queues in zip(worker_keys, listens, strict=True):
+        models = [model for name in (queues or "").split(",") if (model := queue_model(name))]
+        if models and key.startswith(prefix):
+            workers[key.removeprefix(prefix)] = models[0]
+    return workers
+
+
+async def _registrations(
+    client: redis.asyncio.Redis, names: list[str]
+) -> dict[str, dict[str, str | None]]:
+    """Each worker's own registration (`shared.keys.worker`): model and capacity."""
+    async with client.pipeline(transaction=False) as pipe:
+        for name in names:
+            pipe.hmget(keys.worker(name), _REGISTRATION_FIELDS)
+        found = await pipe.execute()
+    return {
+        name: dict(zip(_REGISTRATION_FIELDS, values, strict=True))
+        for name, values in zip(names, found, strict=True)
+    }
+
+
+def _rq_workers(connection: redis.Redis, names: list[str]) -> list[tuple[BaseWorker, list[str]]]:
+    """RQ's record of each named worker with the ids of the jobs it executes; a worker that
+    is gone by now is left out."""
+    found = []
+    for name in names:
+        worker = Worker.find_by_key(
+            Worker.redis_worker_namespace_prefix + name,
+            connection=connection,
+            serializer=JSONSerializer,
+        )
+        if worker is not None:
+            running = [execution.job_id for execution in worker.get_current_executions()]
+            found.append((worker, running))
+    return found
+
+
+def _worker_view(
+    worker: BaseWorker, running: list[str], listened: str, registration: dict[str, str | None]
+) -> WorkerView:
+    """Model and capacity as the worker registered them; until it has, the model its queues
+    name and no capacity."""
+    capacity = registration["capacity"]
     return WorkerView(
         name=worker.name,
         state=worker.get_state(),
-        model=settings.model_id,
-        capacity=settings.worker_concurrency,
+        model=registration["model"] or listened,
+        capacity=int(capacity) if capacity is not None else None,
         running=running,
         last_heartbeat=_timestamp(worker.last_heartbeat),
         started_at=_timestamp(worker.birth_date),
@@ -153,29 +265,29 @@ def _worker_view(settings: Settings, worker: BaseWorker, running: list[str]) -> 
 
 
 def _recent_job(job_id: str, fields: dict[str, str | None], now: float) -> RecentJob:
-    created = float(fields["created_at"] or now)
-    started = _float(fields["started_at"])
-    finished = _float(fields["finished_at"])
-    completion = _int(fields["completion_tokens"])
+    created = float(fields[JobField.CREATED_AT] or now)
+    started = _float(fields[JobField.STARTED_AT])
+    finished = _float(fields[JobField.FINISHED_AT])
+    completion = _int(fields[JobField.COMPLETION_TOKENS])
     run_s = None if started is None else (finished or now) - started
     tokens_per_s = None
     if completion is not None and run_s:
         tokens_per_s = round(completion / run_s, 2)
     return RecentJob(
         id=job_id,
-        status=JobStatus(fields["status"] or JobStatus.QUEUED),
-        model=fields["model"] or "",
-        worker=fields["worker"],
+        status=JobStatus(fields[JobField.STATUS] or JobStatus.QUEUED),
+        model=fields[JobField.MODEL] or "",
+        worker=fields[JobField.WORKER],
         created_at=created,
         started_at=started,
         finished_at=finished,
         queue_wait_s=_round((started or finished or now) - created),
         run_s=_round(run_s),
-        prompt_tokens=_int(fields["prompt_tokens"]),
+        prompt_tokens=_int(fields[JobField.PROMPT_TOKENS]),
         completion_tokens=completion,
         tokens_per_s=tokens_per_s,
-        finish_reason=fields["finish_reason"],
-        error_type=fields["error_type"],
+        finish_reason=fields[JobField.FINISH_REASON],
+        error_type=fields[JobField.ERROR_TYPE],
     )
 
 

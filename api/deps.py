@@ -7,10 +7,9 @@ from typing import Annotated
 
 from fastapi import Depends, Header, Request
 
-from api.state import AppState
-from shared.errors import Forbidden, Unauthorized
-from shared.rq_jobs import Priority
-from shared.settings import Settings
+from tokenrelay.api.state import AppState
+from tokenrelay.shared.errors import Forbidden, Unauthorized
+from tokenrelay.shared.rq_jobs import Priority
 
 ANONYMOUS = "anonymous"
 
@@ -35,12 +34,7 @@ async def get_state(request: Request) -> AppState:
     return state
 
 
-async def get_settings(request: Request) -> Settings:
-    return (await get_state(request)).settings
-
-
 StateDep = Annotated[AppState, Depends(get_state)]
-SettingsDep = Annotated[Settings, Depends(get_settings)]
 
 
 async def get_caller(
@@ -67,7 +61,7 @@ async def get_caller(
 CallerDep = Annotated[Caller, Depends(get_caller)]
 
 
-def get_admin(state: StateDep, caller: CallerDep) -> Caller:
+async def get_admin(state: StateDep, caller: CallerDep) -> Caller:
     """Operator-only routes: open without API keys; with keys, an admin key (else 403)."""
     if state.keys.enabled and not caller.is_admin:
         raise Forbidden("this route needs an admin API key (TOKENRELAY_ADMIN_API_KEYS)")

@@ -15,7 +15,7 @@ from fastapi.responses import JSONResponse
 from redis.exceptions import RedisError
 from starlette.exceptions import HTTPException
 
-from shared.errors import (
+from tokenrelay.shared.errors import (
     InvalidRequest,
     NotFound,
     Overloaded,

@@ -6,16 +6,16 @@ import asyncio
 import logging
 import uuid
 
-from api import request_log
-from api.deps import Caller
-from api.state import AppState
-from api.webhook_policy import WebhookTarget
-from shared import keys, scripts
-from shared.errors import JobNotFound, RedisUnavailable
-from shared.events import Error
-from shared.generation import GenerationRequest
-from shared.jobs import JobRecord, JobStatus
-from shared.rq_jobs import (
+from tokenrelay.api import request_log
+from tokenrelay.api.deps import Caller
+from tokenrelay.api.state import AppState
+from tokenrelay.api.webhook_policy import WebhookTarget
+from tokenrelay.shared import keys, scripts
+from tokenrelay.shared.errors import JobNotFound, RedisUnavailable
+from tokenrelay.shared.events import Error
+from tokenrelay.shared.generation import GenerationRequest
+from tokenrelay.shared.jobs import JobField, JobRecord, JobStatus, error_fields
+from tokenrelay.shared.rq_jobs import (
     JOB_ID_PATTERN,
     Priority,
     enqueue_generation,
@@ -61,8 +61,10 @@ async def submit(
         )
     except Exception as exc:
         log.warning("enqueue of admitted job %s failed: %s", job_id, exc)
-        error = Error(error_type="redis_unavailable", message="the job could not be enqueued")
-        fields = {"error_type": error.error_type, "error_message": error.message}
+        error = Error(
+            error_type=RedisUnavailable.error_type, message="the job could not be enqueued"
+        )
+        fields = error_fields(error)
         finish = scripts.finish(settings, job_id, JobStatus.FAILED, dict(fields), error.to_wire())
         await state.scripts.run(finish)
         raise RedisUnavailable("the job could not be enqueued; retry shortly") from exc
@@ -78,7 +80,7 @@ async def get_record(state: AppState, caller: Caller, job_id: str) -> JobRecord:
         pipe.hgetall(keys.job(job_id))
         pipe.get(keys.job_text(job_id))
         fields, text = await pipe.execute()
-    if not fields or fields.get("owner") != caller.owner:
+    if not fields or fields.get(JobField.OWNER) != caller.owner:
         raise JobNotFound(f"no job {job_id!r}")
     return JobRecord.from_redis(job_id, fields, text or "")
 

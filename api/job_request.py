@@ -6,10 +6,10 @@ from typing import Literal
 
 from pydantic import Field
 
-from api.openai_schema import ChatCompletionRequest
-from api.webhook_policy import MAX_URL_LENGTH, WebhookTarget, check_submission
-from shared.errors import InvalidRequest
-from shared.settings import Settings
+from tokenrelay.api.openai_schema import ChatCompletionRequest
+from tokenrelay.api.webhook_policy import MAX_URL_LENGTH, WebhookTarget, check_submission
+from tokenrelay.shared.errors import InvalidRequest
+from tokenrelay.shared.settings import Settings
 
 
 class JobRequest(ChatCompletionRequest):

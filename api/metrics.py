@@ -1,4 +1,4 @@
-"""Prometheus metrics of an API process, and the cluster gauges read from Redis at scrape time.
+"""Prometheus metrics of an API process, and the scrape that adds the cluster gauges.
 
 Names follow vLLM and TGI, prefixed `tokenrelay_`:
 
@@ -12,51 +12,34 @@ Names follow vLLM and TGI, prefixed `tokenrelay_`:
     tokenrelay_prompt_tokens_total, tokenrelay_generation_tokens_total
     tokenrelay_requests_in_flight                  admitted, unfinished jobs (cluster-wide)
     tokenrelay_requests_in_flight_limit            TOKENRELAY_MAX_INFLIGHT
-    tokenrelay_queue_depth{queue}                  jobs waiting in each RQ queue
-    tokenrelay_workers                             live RQ workers
+    tokenrelay_queue_depth{queue}                  jobs waiting in each of tokenrelay's queues
+    tokenrelay_workers                             live tokenrelay workers registered in RQ
     tokenrelay_redis_up                            1 if this scrape could read Redis
 
-Counters and histograms live in the process that served the request. With several uvicorn
-workers, `tokenrelay api` points `PROMETHEUS_MULTIPROC_DIR` at a fresh directory before any
-of them imports prometheus-client: each process then writes its values to files there, and
-a scrape of any process merges all of them. The cluster gauges are not kept in processes at
-all: a custom collector reads them from Redis at scrape time (bounded by timeouts; with
-Redis down the scrape still answers, with `tokenrelay_redis_up 0` and without them).
-Token metrics cover the generations the API streams back to their requester (chat
-completions); an async job that nobody streams is counted only in the request metrics.
+Counters and histograms live in the process that served the request (the request log counts
+requests, `api.stream_observer` the tokens and latencies). With several uvicorn workers,
+`tokenrelay api` points `PROMETHEUS_MULTIPROC_DIR` at a fresh directory before any of them
+imports prometheus-client: each process then writes its values to files there, and a scrape
+of any process merges all of them. The cluster gauges are not kept in processes at all:
+`api.cluster_view.read_gauges` reads them from Redis at scrape time (bounded by timeouts;
+with Redis down the scrape still answers, with `tokenrelay_redis_up 0` and without them).
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import os
-from collections.abc import AsyncIterator, Iterable
-from dataclasses import dataclass
-from typing import Annotated, TypeVar
+from collections.abc import Iterable
+from typing import Annotated
 
-import redis.asyncio
 from fastapi import Depends, Request
 from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest, values
 from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.multiprocess import MultiProcessCollector
-from redis import Redis
-from redis.backoff import NoBackoff
-from redis.exceptions import RedisError
-from redis.retry import Retry
-from rq import Queue, Worker
-from rq.serializers import JSONSerializer
 
-from api import request_log
-from api.request_log import RequestRecord
-from shared import keys
-from shared.events import Done, Error, Started, TokenChunk
-from shared.jobs import JobStatus
-from shared.settings import Settings
+from tokenrelay.api.cluster_view import ClusterGauges
 
 MULTIPROC_DIR_ENV = "PROMETHEUS_MULTIPROC_DIR"
-REDIS_TIMEOUT_S = 1.0  # per Redis command of a scrape
-SCRAPE_REDIS_BUDGET_S = 3.0  # all of a scrape's Redis reads together
 
 _LATENCY_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0, 20.0,
                     40.0, 80.0, 160.0, 640.0)  # fmt: skip
@@ -66,9 +49,6 @@ _QUEUE_WAIT_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 
                        20.0, 30.0, 45.0, 60.0, 120.0, 300.0)  # fmt: skip
 _E2E_BUCKETS = (0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 40.0, 60.0, 120.0,
                 240.0, 480.0, 960.0, 1920.0)  # fmt: skip
-_ERROR_STATUSES = {"cancelled": JobStatus.CANCELLED, "expired": JobStatus.EXPIRED}
-
-T = TypeVar("T")
 
 
 class Metrics:
@@ -138,26 +118,27 @@ class Metrics:
             )
         return cls(path)
 
-    def count_request(self, record: RequestRecord) -> None:
+    def count_request(
+        self, method: str, endpoint: str, status: int, error_type: str | None
+    ) -> None:
         """Count a finished HTTP request; an error answer to a POST is also a rejection."""
-        if record.endpoint == "/metrics":
+        if endpoint == "/metrics":
             return
-        self.requests.labels(endpoint=record.endpoint, status=str(record.status)).inc()
-        if record.method == "POST" and record.status is not None and record.status >= 400:
-            self.rejections.labels(reason=record.error_type or "unknown").inc()
+        self.requests.labels(endpoint=endpoint, status=str(status)).inc()
+        if method == "POST" and status >= 400:
+            self.rejections.labels(reason=error_type or "unknown").inc()
 
-    async def render(self, settings: Settings) -> bytes:
+    async def render(self, gauges: ClusterGauges) -> bytes:
         """The scrape: this process's (or all processes') values, then the cluster gauges."""
-        snapshot = await read_cluster_snapshot(settings.redis_url)
-        return await asyncio.to_thread(self._render, snapshot, settings.max_inflight)
+        return await asyncio.to_thread(self._render, gauges)
 
-    def _render(self, snapshot: ClusterSnapshot, max_inflight: int) -> bytes:
+    def _render(self, gauges: ClusterGauges) -> bytes:
         registry = CollectorRegistry()
         if self.multiprocess_dir is not None:
             MultiProcessCollector(registry, path=self.multiprocess_dir)
         elif self._registry is not None:
             registry.register(self._registry)
-        registry.register(ClusterCollector(snapshot, max_inflight))
+        registry.register(ClusterCollector(gauges))
         return generate_latest(registry)
 
 
@@ -169,171 +150,40 @@ def get_metrics(request: Request) -> Metrics:
 MetricsDep = Annotated[Metrics, Depends(get_metrics)]
 
 
-@dataclass
-class ClusterSnapshot:
-    """Cluster-wide gauges as read from Redis; `None` where the read failed."""
-
-    redis_up: bool = False
-    in_flight: int | None = None
-    queues: dict[str, int] | None = None
-    workers: int | None = None
-
-
 class ClusterCollector:
-    """Gauges from one `ClusterSnapshot` (a fresh collector per scrape)."""
+    """Gauges from one `ClusterGauges` reading (a fresh collector per scrape)."""
 
-    def __init__(self, snapshot: ClusterSnapshot, max_inflight: int) -> None:
-        self.snapshot = snapshot
-        self.max_inflight = max_inflight
+    def __init__(self, gauges: ClusterGauges) -> None:
+        self.gauges = gauges
 
     def collect(self) -> Iterable[Metric]:
-        snapshot = self.snapshot
+        gauges = self.gauges
         yield GaugeMetricFamily(
             "tokenrelay_redis_up",
             "1 if this scrape could read the cluster state from Redis, else 0.",
-            value=int(snapshot.redis_up),
+            value=int(gauges.redis_up),
         )
         yield GaugeMetricFamily(
             "tokenrelay_requests_in_flight_limit",
             "The global admission limit (TOKENRELAY_MAX_INFLIGHT).",
-            value=self.max_inflight,
+            value=gauges.max_inflight,
         )
-        if snapshot.in_flight is not None:
+        if gauges.in_flight is not None:
             yield GaugeMetricFamily(
                 "tokenrelay_requests_in_flight",
                 "Admitted, unfinished jobs across the cluster (queued or running).",
-                value=snapshot.in_flight,
+                value=gauges.in_flight,
             )
-        if snapshot.queues is not None:
+        if gauges.queues is not None:
             depth = GaugeMetricFamily(
                 "tokenrelay_queue_depth", "Jobs waiting in an RQ queue.", labels=("queue",)
             )
-            for name, count in sorted(snapshot.queues.items()):
+            for name, count in sorted(gauges.queues.items()):
                 depth.add_metric((name,), count)
             yield depth
-        if snapshot.workers is not None:
+        if gauges.workers is not None:
             yield GaugeMetricFamily(
                 "tokenrelay_workers",
                 "Live model workers (registered in RQ).",
-                value=snapshot.workers,
+                value=gauges.workers,
             )
-
-
-async def read_cluster_snapshot(redis_url: str) -> ClusterSnapshot:
-    """Read the cluster gauges within `SCRAPE_REDIS_BUDGET_S`; never raises."""
-    snapshot = ClusterSnapshot()
-    with contextlib.suppress(TimeoutError):  # then report what was read in time
-        await asyncio.wait_for(
-            asyncio.to_thread(_read_cluster, redis_url, snapshot), SCRAPE_REDIS_BUDGET_S
-        )
-    return ClusterSnapshot(
-        redis_up=snapshot.redis_up,
-        in_flight=snapshot.in_flight,
-        queues=snapshot.queues,
-        workers=snapshot.workers,
-    )
-
-
-def _read_cluster(redis_url: str, snapshot: ClusterSnapshot) -> None:
-    """Fill `snapshot` part by part, on a short-lived connection with short timeouts."""
-    connection = Redis.from_url(
-        redis_url,
-        socket_timeout=REDIS_TIMEOUT_S,
-        socket_connect_timeout=REDIS_TIMEOUT_S,
-        retry=Retry(NoBackoff(), 0),
-    )
-    try:
-        snapshot.in_flight = int(connection.zcard(keys.leases()))
-        snapshot.redis_up = True
-        with contextlib.suppress(RedisError, OSError):
-            found = Queue.all(connection=connection, serializer=JSONSerializer)
-            snapshot.queues = {queue.name: queue.count for queue in found}
-        with contextlib.suppress(RedisError, OSError):
-            snapshot.workers = len(Worker.all(connection=connection, serializer=JSONSerializer))
-    except (RedisError, OSError):
-        pass
-    finally:
-        connection.close()
-
-
-async def observe_events(
-    client: redis.asyncio.Redis, job_id: str, events: AsyncIterator[T]
-) -> AsyncIterator[T]:
-    """Pass a job's events through, observing them for the current request's metrics and log.
-
-    Routes that stream a generation back to its requester wrap the job's events in this.
-    """
-    record = request_log.current()
-    if record is None or record.metrics is None:
-        async for event in events:
-            yield event
-        return
-    stream = _StreamObserver(record, record.metrics)
-    async for event in events:
-        if isinstance(event, Started):
-            await stream.started(client, job_id, event)
-        elif isinstance(event, TokenChunk):
-            stream.chunk(event)
-        elif isinstance(event, Done | Error):
-            stream.ended(event)
-        yield event
-
-
-@dataclass
-class _StreamObserver:
-    record: RequestRecord
-    metrics: Metrics
-    last_chunk: float | None = None
-    tokens: int = 0
-    seen_started: bool = False
-
-    async def started(self, client: redis.asyncio.Redis, job_id: str, event: Started) -> None:
-        if self.seen_started:
-            return
-        self.seen_started = True
-        self.record.prompt_tokens = event.prompt_tokens
-        self.metrics.prompt_tokens.inc(event.prompt_tokens)
-        wait = await _queue_wait(client, job_id)
-        if wait is not None:
-            self.record.queue_wait_s = wait
-            self.metrics.queue_wait.observe(wait)
-
-    def chunk(self, event: TokenChunk) -> None:
-        now = self.record.since_arrival()
-        if self.last_chunk is None:
-            self.record.ttft_s = now
-            self.metrics.time_to_first_token.observe(now)
-        elif event.tokens > 0:
-            per_token = (now - self.last_chunk) / event.tokens
-            for _ in range(event.tokens):
-                self.metrics.inter_token_latency.observe(per_token)
-        self.last_chunk = now
-        self.tokens += event.tokens
-        self.record.completion_tokens = self.tokens
-        self.metrics.generation_tokens.inc(event.tokens)
-
-    def ended(self, event: Done | Error) -> None:
-        self.metrics.e2e_latency.observe(self.record.since_arrival())
-        if isinstance(event, Done):
-            # Tokens that yielded no text (end-of-sequence) reach no chunk; usage counts them.
-            if (silent := event.usage.completion_tokens - self.tokens) > 0:
-                self.metrics.generation_tokens.inc(silent)
-            self.record.job_status = JobStatus.SUCCEEDED
-            self.record.finish_reason = event.finish_reason
-            self.record.prompt_tokens = event.usage.prompt_tokens
-            self.record.completion_tokens = event.usage.completion_tokens
-        else:
-            self.record.job_status = _ERROR_STATUSES.get(event.error_type, JobStatus.FAILED)
-            self.record.error_type = event.error_type
-
-
-async def _queue_wait(client: redis.asyncio.Redis, job_id: str) -> float | None:
-    """`started_at - created_at` from the job hash (both Redis `TIME`), or `None`."""
-    try:
-        async with asyncio.timeout(REDIS_TIMEOUT_S):
-            created, started = await client.hmget(keys.job(job_id), ["created_at", "started_at"])
-    except (RedisError, OSError, TimeoutError):
-        return None
-    if created is None or started is None:
-        return None
-    return max(0.0, float(started) - float(created))

@@ -3,9 +3,9 @@ others while a live worker has registered for them (`worker.lease_keeper`)."""
 
 from __future__ import annotations
 
-from api.state import AppState
-from shared import scripts
-from shared.errors import ModelNotFound, ModelUnavailable
+from tokenrelay.api.state import AppState
+from tokenrelay.shared import scripts
+from tokenrelay.shared.errors import ModelNotFound, ModelUnavailable
 
 
 async def served_models(state: AppState) -> tuple[list[str], list[str]]:

@@ -7,11 +7,11 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from shared.errors import InvalidRequest
-from shared.events import Usage
-from shared.generation import ChatMessage, GenerationRequest
-from shared.rq_jobs import Priority
-from shared.settings import Settings
+from tokenrelay.shared.errors import InvalidRequest
+from tokenrelay.shared.events import Usage
+from tokenrelay.shared.generation import ChatMessage, GenerationRequest
+from tokenrelay.shared.rq_jobs import Priority
+from tokenrelay.shared.settings import Settings
 
 MAX_STOP_STRINGS = 4
 

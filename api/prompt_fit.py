@@ -21,9 +21,9 @@ import time
 import redis.asyncio
 from tokenizers import Tokenizer
 
-from shared import keys
-from shared.generation import GenerationRequest
-from shared.model_limits import ModelLimits
+from tokenrelay.shared import keys
+from tokenrelay.shared.generation import GenerationRequest
+from tokenrelay.shared.model_limits import ModelLimits
 
 log = logging.getLogger(__name__)
 

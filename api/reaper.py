@@ -7,9 +7,9 @@ import logging
 
 from redis.exceptions import RedisError
 
-from api.state import AppState
-from shared import scripts
-from shared.rq_jobs import fail_lost_jobs
+from tokenrelay.api.state import AppState
+from tokenrelay.shared import scripts
+from tokenrelay.shared.rq_jobs import fail_lost_jobs
 
 log = logging.getLogger(__name__)
 

@@ -1,64 +1,103 @@
-"""Relay a job's events to a client in some wire format, or collect them into one result.
+"""The one relay from a job's hub events to a client's bytes, and the collector of a result.
 
-Every streaming endpoint (chat and text completions, the two articles' shapes) differs
-only in how it renders text, the end, an error and a keep-alive; `relay` owns the rest:
-Redis trouble ends the stream with an error, and a client that leaves cancels its job.
+Every streaming route (chat and text completions, the two articles' shapes, a job's event
+stream) differs only in its `Renderer`, the bytes of each part of the stream; `relay` owns
+the rest: Redis trouble ends the stream with the renderer's error, and a client that leaves
+before the end cancels its job, unless the route lets the job run on without a listener.
 """
 
 from __future__ import annotations
 
+from abc import ABC, abstractmethod
 from collections.abc import AsyncIterator
 from typing import Protocol
 
 from redis.exceptions import RedisError
 
-from api.job_control import cancel_quietly
-from api.metrics import observe_events
-from api.state import AppState
-from api.stream_start import StreamItem
-from api.streams import Heartbeat
-from shared.errors import RedisUnavailable, TokenrelayError, from_type
-from shared.events import Done, Error, TokenChunk
+from tokenrelay.api.job_control import cancel_quietly
+from tokenrelay.api.state import AppState
+from tokenrelay.api.stream_observer import observe_events
+from tokenrelay.api.streams import Delivery, Heartbeat, StreamItem
+from tokenrelay.shared.errors import RedisUnavailable, TokenrelayError, from_type
+from tokenrelay.shared.events import Done, Error, TokenChunk
 
 
 class Renderer(Protocol):
-    def text(self, text: str) -> bytes | None: ...
+    """One wire format: the bytes of each part of a stream, `None` (or empty) for nothing."""
 
-    def done(self, event: Done) -> bytes | None: ...
+    def start(self) -> bytes | None: ...
 
-    def error(self, exc: TokenrelayError) -> bytes: ...
+    def event(self, delivery: Delivery) -> bytes | None: ...
 
     def ping(self) -> bytes | None: ...
+
+    def lost_redis(self) -> bytes: ...
 
     def end(self) -> bytes | None: ...
 
 
+class GenerationRenderer(ABC):
+    """A `Renderer` of generated text: a subclass writes text, the end and an error, and
+    `event` picks which from the event's type (a `Started` event sends nothing)."""
+
+    def start(self) -> bytes | None:
+        return None
+
+    def event(self, delivery: Delivery) -> bytes | None:
+        event = delivery.event
+        if isinstance(event, TokenChunk):
+            return self.text(event.text)
+        if isinstance(event, Done):
+            return self.done(event)
+        if isinstance(event, Error):
+            return self.error(from_type(event.error_type, event.message))
+        return None
+
+    def lost_redis(self) -> bytes:
+        return self.error(RedisUnavailable("lost Redis while streaming; the job may still finish"))
+
+    @abstractmethod
+    def text(self, text: str) -> bytes | None: ...
+
+    @abstractmethod
+    def done(self, event: Done) -> bytes | None: ...
+
+    @abstractmethod
+    def error(self, exc: TokenrelayError) -> bytes: ...
+
+    @abstractmethod
+    def ping(self) -> bytes | None: ...
+
+    @abstractmethod
+    def end(self) -> bytes | None: ...
+
+
 async def relay(
-    state: AppState, job_id: str, events: AsyncIterator[StreamItem], render: Renderer
+    state: AppState,
+    job_id: str,
+    events: AsyncIterator[StreamItem],
+    render: Renderer,
+    *,
+    cancel_on_leave: bool = True,
 ) -> AsyncIterator[bytes]:
+    """`events` in `render`'s format, then `render.end()`; with `cancel_on_leave`, a client
+    that leaves before the end cancels the job."""
     ended = False
     try:
-        async for event in events:
-            if isinstance(event, TokenChunk):
-                out = render.text(event.text)
-            elif isinstance(event, Done):
-                out = render.done(event)
-            elif isinstance(event, Error):
-                out = render.error(from_type(event.error_type, event.message))
-            elif isinstance(event, Heartbeat):
-                out = render.ping()
-            else:
-                out = None
+        if head := render.start():
+            yield head
+        async for item in events:
+            out = render.ping() if isinstance(item, Heartbeat) else render.event(item)
             if out:
                 yield out
         ended = True
     except RedisError:
-        yield render.error(RedisUnavailable("lost Redis while streaming; the job may still finish"))
+        yield render.lost_redis()
         ended = True
     finally:
-        if not ended:
+        if not ended and cancel_on_leave:
             state.spawn(cancel_quietly(state, job_id))
-    if (tail := render.end()) is not None:
+    if tail := render.end():
         yield tail
 
 
@@ -66,7 +105,10 @@ async def collect(state: AppState, job_id: str) -> tuple[str, Done]:
     """The job's whole text and its `Done` event; raises the job's error if it failed."""
     parts: list[str] = []
     events = state.hub.events(job_id, idle_s=state.settings.sse_ping_s)
-    async for event in observe_events(state.redis, job_id, events):
+    async for item in observe_events(state.redis, job_id, events):
+        if isinstance(item, Heartbeat):
+            continue
+        event = item.event
         if isinstance(event, TokenChunk):
             parts.append(event.text)
         elif isinstance(event, Done):

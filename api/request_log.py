@@ -30,10 +30,12 @@ from typing import TYPE_CHECKING, Any
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from shared.generation import GenerationRequest
+from tokenrelay.shared.generation import GenerationRequest
 
 if TYPE_CHECKING:
-    from api.metrics import Metrics
+    # Not at run time: `tokenrelay api` imports `uvicorn_log_config` from here before it sets
+    # PROMETHEUS_MULTIPROC_DIR, which prometheus-client reads when it is first imported.
+    from tokenrelay.api.metrics import Metrics
 
 LOGGER_NAME = "tokenrelay.requests"
 UNMATCHED = "unmatched"
@@ -193,7 +195,7 @@ class RequestLog:
         if record.status is None:
             record.status = 500  # the app returned without a response (client gone)
         record.error_type = record.error_type or _error_type(bytes(record._error_body))
-        self.metrics.count_request(record)
+        self.metrics.count_request(record.method, record.endpoint, record.status, record.error_type)
         level = logging.DEBUG if record.path in _QUIET_PATHS else logging.INFO
         if log.isEnabledFor(level):
             log.log(level, record.line())

@@ -10,11 +10,11 @@ from typing import Any
 import redis.asyncio
 from redis import Redis
 
-from api.api_keys import KeyRing
-from api.prompt_fit import PromptFit
-from api.streams import StreamHub
-from shared.script_runner import AsyncScripts
-from shared.settings import Settings
+from tokenrelay.api.api_keys import KeyRing
+from tokenrelay.api.prompt_fit import PromptFit
+from tokenrelay.api.streams import StreamHub
+from tokenrelay.shared.script_runner import AsyncScripts
+from tokenrelay.shared.settings import Settings
 
 REDIS_POOL_SIZE = 32
 REDIS_POOL_WAIT_S = 5.0

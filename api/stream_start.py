@@ -16,14 +16,12 @@ from collections.abc import AsyncIterator
 
 from starlette.types import Receive
 
-from api.job_control import cancel_quietly
-from api.metrics import observe_events
-from api.state import AppState
-from api.streams import Heartbeat
-from shared.errors import JobCancelled, from_type
-from shared.events import Error, Event, Started
-
-StreamItem = Event | Heartbeat
+from tokenrelay.api.job_control import cancel_quietly
+from tokenrelay.api.state import AppState
+from tokenrelay.api.stream_observer import observe_events
+from tokenrelay.api.streams import Delivery, StreamItem
+from tokenrelay.shared.errors import JobCancelled, from_type
+from tokenrelay.shared.events import Error, Started
 
 
 async def first_output(state: AppState, job_id: str, receive: Receive) -> AsyncIterator[StreamItem]:
@@ -40,7 +38,7 @@ async def first_output(state: AppState, job_id: str, receive: Receive) -> AsyncI
     async def read_head() -> None:
         async for item in events:
             head.append(item)
-            if not isinstance(item, Started):
+            if not (isinstance(item, Delivery) and isinstance(item.event, Started)):
                 return
 
     reading = asyncio.ensure_future(read_head())
@@ -56,7 +54,7 @@ async def first_output(state: AppState, job_id: str, receive: Receive) -> AsyncI
         raise JobCancelled("the client disconnected before the first token")
     if (failure := reading.exception()) is not None:
         raise failure
-    last = head[-1] if head else None
+    last = head[-1].event if head and isinstance(head[-1], Delivery) else None
     if isinstance(last, Error):
         raise from_type(last.error_type, last.message)
     return _chain(head, events)

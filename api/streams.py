@@ -1,10 +1,12 @@
 """Fan-out of job events: one pub/sub connection per API process, shared by all its streams.
 
 `StreamHub.events(job_id, after_seq)` yields a job's events in `seq` order and ends with its
-terminal event. It subscribes first, then replays the log, then forwards live events,
-dropping duplicates by `seq`, so a late or reconnecting reader misses nothing. When the
-pub/sub connection drops (Redis restart) or stays quiet for a ping interval, each reader
-re-reads the log from its last `seq`: published messages lost meanwhile are recovered.
+terminal event. Each comes as a `Delivery`, parsed once per message however many streams read
+it, beside its JSON as the log holds it, which a route may forward unchanged. It subscribes
+first, then replays the log, then forwards live events, dropping duplicates by `seq`, so a
+late or reconnecting reader misses nothing. When the pub/sub connection drops (Redis
+restart) or stays quiet for a ping interval, each reader re-reads the log from its last
+`seq`: published messages lost meanwhile are recovered.
 """
 
 from __future__ import annotations
@@ -13,13 +15,14 @@ import asyncio
 import contextlib
 import logging
 from collections.abc import AsyncIterator
+from dataclasses import dataclass
 from typing import Any
 
 import redis.asyncio
 from redis.exceptions import RedisError
 
-from shared import keys
-from shared.events import Event, is_terminal, parse_event
+from tokenrelay.shared import keys
+from tokenrelay.shared.events import Event, is_terminal, parse_event
 
 log = logging.getLogger(__name__)
 
@@ -36,6 +39,17 @@ class Heartbeat:
 
 HEARTBEAT = Heartbeat()
 _RESYNC = object()
+
+
+@dataclass(frozen=True, slots=True)
+class Delivery:
+    """One event of a job: parsed, and its JSON payload exactly as the log holds it."""
+
+    event: Event
+    raw: str
+
+
+StreamItem = Delivery | Heartbeat
 
 
 class StreamHub:
@@ -63,18 +77,18 @@ class StreamHub:
 
     async def events(
         self, job_id: str, *, after_seq: int = -1, idle_s: float = 15.0
-    ) -> AsyncIterator[Event | Heartbeat]:
+    ) -> AsyncIterator[StreamItem]:
         """Events of `job_id` with `seq > after_seq`, through the terminal one."""
         last_seq = after_seq
         async with self._subscription(job_id) as queue:
             pending = await self._replay(job_id, last_seq)
             while True:
-                for event in pending:
-                    if event.seq <= last_seq:
+                for delivery in pending:
+                    if delivery.event.seq <= last_seq:
                         continue
-                    last_seq = event.seq
-                    yield event
-                    if is_terminal(event):
+                    last_seq = delivery.event.seq
+                    yield delivery
+                    if is_terminal(delivery.event):
                         return
                 if queue.empty():
                     try:
@@ -87,17 +101,17 @@ class StreamHub:
                     item = queue.get_nowait()
                 if item is _RESYNC:
                     pending = await self._replay(job_id, last_seq)
-                elif item.seq <= last_seq:
+                elif item.event.seq <= last_seq:
                     pending = []  # already replayed from the log
-                elif item.seq == last_seq + 1:
+                elif item.event.seq == last_seq + 1:
                     pending = [item]
                 else:
                     pending = await self._replay(job_id, last_seq)  # a message was lost
 
-    async def _replay(self, job_id: str, after_seq: int) -> list[Event]:
+    async def _replay(self, job_id: str, after_seq: int) -> list[Delivery]:
         log_key = keys.job_events(job_id)
         entries: Any = await self._client.xrange(log_key, min=f"1-{after_seq + 1}")
-        return [parse_event(fields["e"]) for _, fields in entries]
+        return [_delivery(fields["e"]) for _, fields in entries]
 
     @contextlib.asynccontextmanager
     async def _subscription(self, job_id: str) -> AsyncIterator[asyncio.Queue[Any]]:
@@ -151,9 +165,14 @@ class StreamHub:
             return
         if message["type"] != "message":
             return
-        event = parse_event(message["data"])
+        delivery = _delivery(message["data"])
         for queue in self._readers.get(channel, ()):
-            queue.put_nowait(event)
+            queue.put_nowait(delivery)
+
+
+def _delivery(payload: bytes | str) -> Delivery:
+    raw = _text(payload)
+    return Delivery(parse_event(raw), raw)
 
 
 def _text(value: bytes | str) -> str:

@@ -32,8 +32,9 @@ from dataclasses import dataclass
 import httpx
 from redis.typing import EncodableT, FieldT
 
-from shared.errors import InvalidRequest
-from shared.settings import Settings
+from tokenrelay.shared.errors import InvalidRequest
+from tokenrelay.shared.jobs import JobField
+from tokenrelay.shared.settings import Settings
 
 WEBHOOK_EVENTS = ("start", "completed")
 MAX_URL_LENGTH = 2048
@@ -57,7 +58,7 @@ class WebhookTarget:
 
     def hash_fields(self) -> dict[FieldT, EncodableT]:
         """The job hash fields the Lua library reads (`webhook`, `webhook_events`)."""
-        return {"webhook": self.url, "webhook_events": ",".join(self.events)}
+        return {JobField.WEBHOOK: self.url, JobField.WEBHOOK_EVENTS: ",".join(self.events)}
 
 
 def webhooks_unavailable(settings: Settings) -> str | None:

@@ -11,7 +11,9 @@ dispatcher takes from the right into its own processing list, so a record is alw
 exactly one of the lists or the retry set, whichever process dies when. Dispatchers register
 with a heartbeat in `keys.webhook_dispatchers()` (score = expiry, ms) before they take
 anything; the processing list of one whose heartbeat expired is handed back to the queue by
-the next `TICK` of any other. Time comes from Redis (`TIME`).
+the next `TICK` of any other. The scripts (`WEBHOOK_TICK`, `WEBHOOK_RESCHEDULE`,
+`WEBHOOK_RELEASE`) are `shared/lua/webhook_*.lua`, loaded by `shared.scripts`; time comes
+from Redis (`TIME`).
 """
 
 from __future__ import annotations
@@ -21,66 +23,11 @@ from dataclasses import dataclass
 
 import redis.asyncio
 
-from shared import keys
-from shared.script_runner import AsyncScripts
-from shared.scripts import ScriptCall
+from tokenrelay.shared import keys, scripts
+from tokenrelay.shared.script_runner import AsyncScripts
+from tokenrelay.shared.scripts import ScriptCall
 
 MOVE_BATCH = 100
-
-TICK = r"""
--- KEYS[1] the delivery queue, KEYS[2] the retry set, KEYS[3] the dispatcher set.
--- ARGV[1] this dispatcher's id, ARGV[2] visibility timeout (ms), ARGV[3] processing-list key
--- template (`{id}` stands for a dispatcher id), ARGV[4] the most retries and dead dispatchers
--- to handle in one call.
--- Renews this dispatcher's heartbeat, moves due retries to the taking end of the queue, and
--- hands the processing lists of dispatchers whose heartbeat ran out back to the queue.
--- Returns {retries moved, deliveries recovered}.
-local t = redis.call('TIME')
-local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
-local max = tonumber(ARGV[4])
-redis.call('ZADD', KEYS[3], now + tonumber(ARGV[2]), ARGV[1])
-local due = redis.call('ZRANGEBYSCORE', KEYS[2], '-inf', now, 'LIMIT', 0, max)
-for _, record in ipairs(due) do
-  redis.call('ZREM', KEYS[2], record)
-  redis.call('RPUSH', KEYS[1], record)
-end
-local recovered = 0
-for _, id in ipairs(redis.call('ZRANGEBYSCORE', KEYS[3], '-inf', '(' .. now, 'LIMIT', 0, max)) do
-  local processing = string.gsub(ARGV[3], '{id}', function() return id end)
-  while redis.call('LMOVE', processing, KEYS[1], 'LEFT', 'RIGHT') do
-    recovered = recovered + 1
-  end
-  redis.call('ZREM', KEYS[3], id)
-end
-return {#due, recovered}
-"""
-
-RESCHEDULE = r"""
--- KEYS[1] this dispatcher's processing list, KEYS[2] the retry set.
--- ARGV[1] the record as taken, ARGV[2] the record of the next attempt, ARGV[3] delay (ms).
--- Returns 1 when rescheduled; 0 when the record was no longer held here (another dispatcher
--- took this one for dead and handed it back to the queue: it is not scheduled twice).
-if redis.call('LREM', KEYS[1], 1, ARGV[1]) == 0 then
-  return 0
-end
-local t = redis.call('TIME')
-local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
-redis.call('ZADD', KEYS[2], now + tonumber(ARGV[3]), ARGV[2])
-return 1
-"""
-
-RELEASE = r"""
--- KEYS[1] this dispatcher's processing list, KEYS[2] the delivery queue,
--- KEYS[3] the dispatcher set. ARGV[1] this dispatcher's id.
--- Hands every delivery still held back to the taking end of the queue and deregisters.
--- Returns how many it handed back.
-local moved = 0
-while redis.call('LMOVE', KEYS[1], KEYS[2], 'LEFT', 'RIGHT') do
-  moved = moved + 1
-end
-redis.call('ZREM', KEYS[3], ARGV[1])
-return moved
-"""
 
 
 @dataclass(frozen=True)
@@ -129,7 +76,7 @@ class WebhookQueue:
     async def tick(self) -> tuple[int, int]:
         """Heartbeat, due retries back to the queue, dead dispatchers' deliveries recovered."""
         call = ScriptCall(
-            TICK,
+            scripts.WEBHOOK_TICK,
             [keys.webhook_deliveries(), keys.webhook_retries(), keys.webhook_dispatchers()],
             [
                 self.dispatcher_id,
@@ -155,7 +102,7 @@ class WebhookQueue:
     async def retry_later(self, raw: str, delivery: Delivery, delay_s: float) -> bool:
         """Move a failed delivery to the retry set as `delivery`, due in `delay_s`."""
         call = ScriptCall(
-            RESCHEDULE,
+            scripts.WEBHOOK_RESCHEDULE,
             [self.processing, keys.webhook_retries()],
             [raw, delivery.to_json(), int(delay_s * 1000)],
         )
@@ -164,7 +111,7 @@ class WebhookQueue:
     async def release(self) -> int:
         """Hand every held delivery back to the queue and deregister (on shutdown)."""
         call = ScriptCall(
-            RELEASE,
+            scripts.WEBHOOK_RELEASE,
             [self.processing, keys.webhook_deliveries(), keys.webhook_dispatchers()],
             [self.dispatcher_id],
         )

@@ -44,8 +44,8 @@ import httpx
 import redis.asyncio
 from redis.exceptions import RedisError
 
-from api.state import AppState
-from api.webhook_policy import (
+from tokenrelay.api.state import AppState
+from tokenrelay.api.webhook_policy import (
     Resolver,
     WebhookRefused,
     pinned_request,
@@ -53,10 +53,10 @@ from api.webhook_policy import (
     resolve_target,
     webhooks_unavailable,
 )
-from api.webhook_queue import Delivery, WebhookQueue
-from shared import keys
-from shared.jobs import JobRecord
-from shared.settings import Settings
+from tokenrelay.api.webhook_queue import Delivery, WebhookQueue
+from tokenrelay.shared import keys
+from tokenrelay.shared.jobs import JobField, JobRecord
+from tokenrelay.shared.settings import Settings
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -177,8 +177,8 @@ class Dispatcher:
             pipe.hgetall(keys.job(delivery.job_id))
             pipe.get(keys.job_text(delivery.job_id))
             fields, text = await pipe.execute()
-        url = fields.get("webhook") if fields else None
-        if not url or "status" not in fields:
+        url = fields.get(JobField.WEBHOOK) if fields else None
+        if not url or JobField.STATUS not in fields:
             raise _Permanent("the job's record has expired or has no webhook")
         try:
             body = JobRecord.from_redis(delivery.job_id, fields, text or "").model_dump_json()

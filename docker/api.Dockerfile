@@ -15,7 +15,8 @@ COPY pyproject.toml README.md ./
 COPY shared/ shared/
 COPY api/ api/
 COPY worker/ worker/
-RUN pip install --no-cache-dir "./[api]"
+COPY cli/ cli/
+RUN pip install --no-cache-dir "./[api,client]"
 
 # --- runtime: the virtualenv and an unprivileged user, nothing else ------------------------
 FROM ${PYTHON_IMAGE} AS runtime

@@ -22,10 +22,11 @@ COPY pyproject.toml README.md ./
 COPY shared/ shared/
 COPY api/ api/
 COPY worker/ worker/
+COPY cli/ cli/
 RUN if [ -n "$TORCH_INDEX_URL" ]; then \
-        pip install --no-cache-dir --extra-index-url "$TORCH_INDEX_URL" "./[worker]"; \
+        pip install --no-cache-dir --extra-index-url "$TORCH_INDEX_URL" "./[worker,client]"; \
     else \
-        pip install --no-cache-dir "./[worker]"; \
+        pip install --no-cache-dir "./[worker,client]"; \
     fi
 
 # --- runtime: the virtualenv, an unprivileged user and writable cache folders ------------

@@ -19,7 +19,8 @@
     └── GenerationFailed            (500 generation_failed)
 
 Each class has a stable snake_case `error_type`, used alike in JSON error bodies, SSE error
-events and job records, and an HTTP status in `status_code`.
+events and job records, and an HTTP status in `status_code`. The messages the Lua scripts end
+jobs with are class constants here too (`*_MESSAGE`); `shared.scripts` passes them in.
 """
 
 from __future__ import annotations
@@ -140,6 +141,9 @@ class QueueWaitExpired(TokenrelayError):
 
     error_type = "expired"
     status_code = 503
+    NOT_STARTED_MESSAGE: ClassVar[str] = (
+        "the job was not started within the allowed queue wait; retry later"
+    )
 
 
 class WorkerLost(TokenrelayError):
@@ -147,12 +151,16 @@ class WorkerLost(TokenrelayError):
 
     error_type = "worker_lost"
     status_code = 503
+    LEASE_EXPIRED_MESSAGE: ClassVar[str] = (
+        "the worker running this job stopped renewing its lease (it died or lost Redis)"
+    )
 
 
 class JobCancelled(TokenrelayError):
     error_type = "cancelled"
     status_code = 409
     openai_type = "invalid_request_error"
+    BEFORE_START_MESSAGE: ClassVar[str] = "the job was cancelled before it started"
 
 
 class GenerationFailed(TokenrelayError):

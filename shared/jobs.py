@@ -1,4 +1,5 @@
-"""Job status and the record `GET /v1/jobs/{id}` returns, read from a job's Redis hash."""
+"""Job status, the job hash's field names, and the record `GET /v1/jobs/{id}` returns, read
+from a job's Redis hash."""
 
 from __future__ import annotations
 
@@ -6,7 +7,7 @@ from enum import StrEnum
 
 from pydantic import BaseModel, Field
 
-from shared.events import Usage
+from tokenrelay.shared.events import Error, Usage
 
 
 class JobStatus(StrEnum):
@@ -20,6 +21,37 @@ class JobStatus(StrEnum):
     @property
     def is_terminal(self) -> bool:
         return self not in (JobStatus.QUEUED, JobStatus.RUNNING)
+
+
+class JobField(StrEnum):
+    """The field names of a job's Redis hash (`shared.keys.job`), spelled here only.
+
+    A StrEnum rather than a class of constants: members are `str`, so they go straight into
+    redis-py calls and dict lookups, and the enum can be iterated, which is how the Lua
+    scripts receive every name in one argument (`shared.scripts`)."""
+
+    STATUS = "status"
+    OWNER = "owner"
+    OWNER_JOBS = "owner_jobs"
+    MODEL = "model"
+    WORKER = "worker"
+    CREATED_AT = "created_at"
+    STARTED_AT = "started_at"
+    FINISHED_AT = "finished_at"
+    NEXT_SEQ = "next_seq"
+    CANCEL_REQUESTED = "cancel_requested"
+    PROMPT_TOKENS = "prompt_tokens"
+    COMPLETION_TOKENS = "completion_tokens"
+    FINISH_REASON = "finish_reason"
+    ERROR_TYPE = "error_type"
+    ERROR_MESSAGE = "error_message"
+    WEBHOOK = "webhook"
+    WEBHOOK_EVENTS = "webhook_events"
+
+
+def error_fields(error: Error) -> dict[str, str]:
+    """The job hash fields that record `error`."""
+    return {JobField.ERROR_TYPE: error.error_type, JobField.ERROR_MESSAGE: error.message}
 
 
 class JobError(BaseModel):
@@ -47,8 +79,8 @@ class JobRecord(BaseModel):
     @classmethod
     def from_redis(cls, job_id: str, fields: dict[str, str], text: str) -> JobRecord:
         """Build the record from the job hash (`shared.keys.job`) and its text."""
-        prompt = fields.get("prompt_tokens")
-        completion = fields.get("completion_tokens")
+        prompt = fields.get(JobField.PROMPT_TOKENS)
+        completion = fields.get(JobField.COMPLETION_TOKENS)
         usage = None
         if prompt is not None and completion is not None:
             usage = Usage(
@@ -56,22 +88,24 @@ class JobRecord(BaseModel):
                 completion_tokens=int(completion),
                 total_tokens=int(prompt) + int(completion),
             )
-        webhook_events = fields.get("webhook_events")
+        webhook_events = fields.get(JobField.WEBHOOK_EVENTS)
         error = None
-        if "error_type" in fields:
-            error = JobError(type=fields["error_type"], message=fields.get("error_message", ""))
+        if JobField.ERROR_TYPE in fields:
+            error = JobError(
+                type=fields[JobField.ERROR_TYPE], message=fields.get(JobField.ERROR_MESSAGE, "")
+            )
         return cls(
             id=job_id,
-            status=JobStatus(fields["status"]),
-            model=fields.get("model", ""),
+            status=JobStatus(fields[JobField.STATUS]),
+            model=fields.get(JobField.MODEL, ""),
             text=text,
-            finish_reason=fields.get("finish_reason"),
+            finish_reason=fields.get(JobField.FINISH_REASON),
             usage=usage,
             error=error,
-            created_at=float(fields["created_at"]),
-            started_at=_float_or_none(fields.get("started_at")),
-            finished_at=_float_or_none(fields.get("finished_at")),
-            webhook=fields.get("webhook"),
+            created_at=float(fields[JobField.CREATED_AT]),
+            started_at=_float_or_none(fields.get(JobField.STARTED_AT)),
+            finished_at=_float_or_none(fields.get(JobField.FINISHED_AT)),
+            webhook=fields.get(JobField.WEBHOOK),
             webhook_events_filter=webhook_events.split(",") if webhook_events else None,
         )
 

@@ -19,8 +19,8 @@ from dataclasses import dataclass
 import redis
 from redis.typing import EncodableT, FieldT
 
-from shared import keys
-from shared.errors import ContextLengthExceeded
+from tokenrelay.shared import keys
+from tokenrelay.shared.errors import ContextLengthExceeded
 
 #: Seconds the published limits and tokenizer outlive the last heartbeat that renewed them.
 LIMITS_TTL_S = 3600

@@ -17,9 +17,9 @@ from rq.job import JobStatus as RQJobStatus
 from rq.registry import FailedJobRegistry, StartedJobRegistry
 from rq.serializers import JSONSerializer
 
-from shared import keys
-from shared.generation import GenerationRequest
-from shared.settings import Settings
+from tokenrelay.shared import keys
+from tokenrelay.shared.generation import GenerationRequest
+from tokenrelay.shared.settings import Settings
 
 GENERATE_FUNCTION = "tokenrelay.generate"
 Priority = Literal["high", "normal", "low"]
@@ -36,6 +36,21 @@ def generation_queue(connection: redis.Redis, model: str, priority: Priority) ->
 def worker_queues(connection: redis.Redis, model: str) -> list[Queue]:
     """A worker's queues, in the order it drains them: high, normal, low priority."""
     return [generation_queue(connection, model, priority) for priority in PRIORITIES]
+
+
+_MODEL_MARK = "\0"
+_QUEUE_NAME_PARTS = tuple(
+    keys.generation_queue(_MODEL_MARK, priority).split(_MODEL_MARK) for priority in PRIORITIES
+)
+
+
+def queue_model(name: str) -> str | None:
+    """The model of the generation queue called `name`, or `None` if `name` is not one of
+    tokenrelay's queues (another application's RQ queue in the same Redis)."""
+    for head, tail in _QUEUE_NAME_PARTS:
+        if len(name) > len(head) + len(tail) and name.startswith(head) and name.endswith(tail):
+            return name[len(head) : len(name) - len(tail)]
+    return None
 
 
 def enqueue_generation(

@@ -12,7 +12,7 @@ import redis
 import redis.asyncio
 from redis.commands.core import AsyncScript, Script
 
-from shared.scripts import ScriptCall
+from tokenrelay.shared.scripts import ScriptCall
 
 
 class SyncScripts:

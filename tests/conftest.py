@@ -3,14 +3,17 @@
 from __future__ import annotations
 
 from collections.abc import AsyncIterator, Iterator
+from contextlib import ExitStack, contextmanager
 from pathlib import Path
+from typing import Any
 
 import pytest
 import redis
 import redis.asyncio
 
-from shared.embedded_redis import EmbeddedRedis
-from shared.settings import Settings
+from tests.cluster import Cluster, ClusterFactory, running_cluster
+from tokenrelay.cli.embedded_redis import EmbeddedRedis
+from tokenrelay.shared.settings import Settings
 
 
 @pytest.fixture(scope="session")
@@ -48,6 +51,32 @@ async def async_redis(redis_url: str) -> AsyncIterator[redis.asyncio.Redis]:
 
 @pytest.fixture(scope="session")
 def tiny_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    from worker.tiny_model import build_tiny_model
+    from tokenrelay.worker.tiny_model import build_tiny_model
 
     return build_tiny_model(tmp_path_factory.mktemp("tiny-model"))
+
+
+@contextmanager
+def _cluster_factory(model_dir: Path, log_dir: Path) -> Iterator[ClusterFactory]:
+    """`make(settings, api_workers=, workers=, redis_url=)` starts a `running_cluster`; all
+    that were made stop when the fixture ends."""
+    with ExitStack() as stack:
+
+        def make(settings: dict[str, str] | None = None, **options: Any) -> Cluster:
+            return stack.enter_context(running_cluster(model_dir, log_dir, settings, **options))
+
+        yield make
+
+
+@pytest.fixture
+def make_cluster(tiny_model_dir: Path, tmp_path: Path) -> Iterator[ClusterFactory]:
+    with _cluster_factory(tiny_model_dir, tmp_path) as make:
+        yield make
+
+
+@pytest.fixture(scope="module")
+def make_module_cluster(
+    tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[ClusterFactory]:
+    with _cluster_factory(tiny_model_dir, tmp_path_factory.mktemp("cluster-logs")) as make:
+        yield make

@@ -25,17 +25,14 @@ import asyncio
 import json
 import statistics
 import time
-from collections.abc import Iterator
 from dataclasses import dataclass
-from pathlib import Path
 
 import httpx
 import pytest
 import redis.asyncio
 
-from shared import keys
-from shared.embedded_redis import EmbeddedRedis
-from tests.cluster import MODEL_NAME, Cluster
+from tests.cluster import MODEL_NAME, Cluster, ClusterFactory
+from tokenrelay.shared import keys
 
 pytestmark = pytest.mark.e2e
 
@@ -62,25 +59,19 @@ class Outcome:
 
 
 @pytest.fixture
-def cluster(tiny_model_dir: Path, tmp_path: Path) -> Iterator[tuple[Cluster, list[str]]]:
-    with EmbeddedRedis() as server:
-        cluster = Cluster(
-            redis_url=server.url,
-            model_dir=tiny_model_dir,
-            log_dir=tmp_path,
-            settings={
-                "TOKENRELAY_MAX_INFLIGHT": str(LIMIT),
-                "TOKENRELAY_LEASE_TTL_S": "3",
-                "OMP_NUM_THREADS": "1",  # the CPU worker leaves a core to the API processes
-            },
-        )
-        try:
-            cluster.start_api(workers=3)
-            first = cluster.base_url
-            cluster.start_api()
-            yield cluster, [first, cluster.base_url]
-        finally:
-            cluster.stop()
+def cluster(make_cluster: ClusterFactory) -> tuple[Cluster, list[str]]:
+    cluster = make_cluster(
+        {
+            "TOKENRELAY_MAX_INFLIGHT": str(LIMIT),
+            "TOKENRELAY_LEASE_TTL_S": "3",
+            "OMP_NUM_THREADS": "1",  # the CPU worker leaves a core to the API processes
+        },
+        workers=0,
+        api_workers=3,
+    )
+    first = cluster.base_url
+    cluster.start_api()
+    return cluster, [first, cluster.base_url]
 
 
 def request_body(index: int) -> dict[str, object]:

@@ -9,18 +9,14 @@ the job id in every chunk's `id` (`chatcmpl-<job id>`).
 from __future__ import annotations
 
 import json
-import signal
 import threading
-from collections.abc import Iterator
-from pathlib import Path
 
 import httpx
 import pytest
 import redis
 
-from shared import keys
-from shared.embedded_redis import EmbeddedRedis
-from tests.cluster import MODEL_NAME, Cluster
+from tests.cluster import MODEL_NAME, Cluster, ClusterFactory
+from tokenrelay.shared import keys
 
 pytestmark = pytest.mark.e2e
 
@@ -36,18 +32,8 @@ LONG = {
 
 
 @pytest.fixture
-def cluster(tiny_model_dir: Path, tmp_path: Path) -> Iterator[Cluster]:
-    with EmbeddedRedis() as server:
-        cluster = Cluster(
-            redis_url=server.url,
-            model_dir=tiny_model_dir,
-            log_dir=tmp_path,
-            settings={"TOKENRELAY_LEASE_TTL_S": str(LEASE_TTL_S)},
-        )
-        try:
-            yield cluster
-        finally:
-            cluster.stop()
+def cluster(make_cluster: ClusterFactory) -> Cluster:
+    return make_cluster({"TOKENRELAY_LEASE_TTL_S": str(LEASE_TTL_S)}, workers=0, api_workers=0)
 
 
 class LeaseWatch:
@@ -96,8 +82,7 @@ def test_killed_api_leaves_its_job_running_and_fetchable_elsewhere(cluster: Clus
         first = json.loads(next(line for line in lines if line.startswith("data: "))[6:])
         job_id = first["id"].removeprefix("chatcmpl-")
         with LeaseWatch(cluster.redis_url) as watch:  # the job runs: only renewed leases
-            doomed.send_signal(signal.SIGKILL)
-            doomed.wait(timeout=10)
+            doomed.kill()
             with pytest.raises(httpx.TransportError):
                 for _ in lines:
                     pass

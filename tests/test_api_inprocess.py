@@ -5,10 +5,14 @@ from __future__ import annotations
 from collections.abc import Iterator
 
 import pytest
+import redis
 from fastapi.testclient import TestClient
 
-from api.app import create_app
-from shared.settings import Settings
+from tokenrelay.api.app import create_app
+from tokenrelay.shared import scripts
+from tokenrelay.shared.events import Done, Started, TokenChunk, Usage
+from tokenrelay.shared.script_runner import SyncScripts
+from tokenrelay.shared.settings import Settings
 
 MESSAGES = [{"role": "user", "content": "hi"}]
 
@@ -45,6 +49,32 @@ def test_a_key_only_sees_its_own_jobs(keyed_client: TestClient) -> None:
         assert "hi" not in other.text
     events = keyed_client.get(f"/v1/jobs/{job_id}/events", headers=bearer("key-b"))
     assert events.status_code == 404
+
+
+def test_job_events_are_the_logged_payloads_with_their_seq_and_type(
+    redis_url: str, sync_redis: redis.Redis
+) -> None:
+    settings = Settings(redis_url=redis_url, served_model_name="m")
+    text = 'h\u00e9 "quoted"\n\U0001f30a'
+    usage = Usage(prompt_tokens=3, completion_tokens=1, total_tokens=4)
+    events = [
+        Started(seq=0, worker="w", prompt_tokens=3),
+        TokenChunk(seq=1, text=text, tokens=1),
+        Done(seq=2, finish_reason="stop", usage=usage),
+    ]
+    with TestClient(create_app(settings)) as client:
+        job_id = client.post("/v1/jobs", json={"model": "m", "messages": MESSAGES}).json()["id"]
+        run = SyncScripts(sync_redis)
+        run.run(scripts.start(settings, job_id, "w", events[0].to_wire()))
+        run.run(scripts.emit(settings, [(job_id, events[1].to_wire(), text)]))
+        run.run(scripts.finish(settings, job_id, "succeeded", {}, events[2].to_wire()))
+        response = client.get(f"/v1/jobs/{job_id}/events")
+    assert response.status_code == 200
+    expected = "".join(
+        f"id: {event.seq}\nevent: {event.type}\ndata: {event.model_dump_json()}\n\n"
+        for event in events
+    )
+    assert response.content == expected.encode()
 
 
 def test_api_keys_setting_accepts_a_comma_separated_list(monkeypatch: pytest.MonkeyPatch) -> None:

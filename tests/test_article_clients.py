@@ -6,26 +6,22 @@ from __future__ import annotations
 import itertools
 import json
 from collections.abc import Iterator
-from pathlib import Path
 
 import httpx
 import pytest
 import requests
 
-from api.routes.article_clients import _PromptSSE
-from tests.cluster import MODEL_NAME, Cluster, running_cluster
+from tests.cluster import MODEL_NAME, Cluster, ClusterFactory
+from tokenrelay.api.routes.article_clients import _PromptSSE
 
 pytestmark = pytest.mark.e2e
 
 
 @pytest.fixture(scope="module")
-def cluster(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
-    with running_cluster(
-        tiny_model_dir,
-        tmp_path_factory.mktemp("logs"),
-        {"TOKENRELAY_MAX_INFLIGHT": "1", "TOKENRELAY_WORKER_CONCURRENCY": "1"},
-    ) as cluster:
-        yield cluster
+def cluster(make_module_cluster: ClusterFactory) -> Cluster:
+    return make_module_cluster(
+        {"TOKENRELAY_MAX_INFLIGHT": "1", "TOKENRELAY_WORKER_CONCURRENCY": "1"}
+    )
 
 
 # The first article's client, as published (only the URL and a timeout added).

@@ -25,14 +25,14 @@ from rq import Queue
 from schemathesis.checks import not_a_server_error
 from schemathesis.python.asgi import get_client, shutdown_lifespans
 
-from api.api_keys import hash_key
-from api.app import create_app
-from shared import keys, scripts
-from shared.embedded_redis import EmbeddedRedis
-from shared.events import Done, Error, Started, TokenChunk, Usage
-from shared.jobs import JobStatus
-from shared.script_runner import SyncScripts
-from shared.settings import Settings
+from tokenrelay.api.api_keys import hash_key
+from tokenrelay.api.app import create_app
+from tokenrelay.cli.embedded_redis import EmbeddedRedis
+from tokenrelay.shared import keys, scripts
+from tokenrelay.shared.events import Done, Error, Started, TokenChunk, Usage
+from tokenrelay.shared.jobs import JobStatus
+from tokenrelay.shared.script_runner import SyncScripts
+from tokenrelay.shared.settings import Settings
 
 MODEL = "m"
 MESSAGES = [{"role": "user", "content": "hi"}]

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.cluster import tokenrelay_command
+from tokenrelay.cli.harness import tokenrelay_command
 
 
 @pytest.mark.parametrize("model", ["/nonexistent/model-dir", "Qwen/Qwen2-0.5B-Instruct"])

@@ -7,7 +7,6 @@ import os
 import re
 import subprocess
 from collections.abc import Iterator
-from pathlib import Path
 
 import httpx
 import pytest
@@ -15,22 +14,20 @@ import redis
 from rq import Worker
 from rq.serializers import JSONSerializer
 
-from shared.client import _sse_data
-from shared.embedded_redis import free_port
-from tests.cluster import MODEL_NAME, Cluster, running_cluster, tokenrelay_command
+from tests.cluster import MODEL_NAME, Cluster, ClusterFactory
+from tokenrelay.cli.client import _sse_data
+from tokenrelay.cli.embedded_redis import free_port
+from tokenrelay.cli.harness import tokenrelay_command
 
 LONG_JOB_TOKENS = 1800  # many seconds on the tiny model (2048 positions): holds the one slot
 COMMAND_TIMEOUT_S = 60
 
 
 @pytest.fixture(scope="module")
-def cluster(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
-    with running_cluster(
-        tiny_model_dir,
-        tmp_path_factory.mktemp("cli-client-logs"),
-        {"TOKENRELAY_MAX_INFLIGHT": "2", "TOKENRELAY_WORKER_CONCURRENCY": "1"},
-    ) as cluster:
-        yield cluster
+def cluster(make_module_cluster: ClusterFactory) -> Cluster:
+    return make_module_cluster(
+        {"TOKENRELAY_MAX_INFLIGHT": "2", "TOKENRELAY_WORKER_CONCURRENCY": "1"}
+    )
 
 
 @pytest.fixture

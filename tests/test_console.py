@@ -11,17 +11,18 @@ from typing import Any
 import httpx
 import pytest
 import redis
+import rq
 from fastapi.testclient import TestClient
 from playwright.sync_api import Browser, Page, expect, sync_playwright
 
-from api.app import create_app
-from api.routes.console import STATIC_DIR
-from shared import keys, scripts
-from shared.rq_jobs import GENERATE_FUNCTION
-from shared.script_runner import SyncScripts
-from shared.settings import Settings
-from tests.cluster import MODEL_NAME, Cluster, running_cluster
-from worker.rq_worker import build_worker
+from tests.cluster import MODEL_NAME, Cluster, ClusterFactory
+from tokenrelay.api.app import create_app
+from tokenrelay.api.routes.console import STATIC_DIR
+from tokenrelay.shared import keys, scripts
+from tokenrelay.shared.rq_jobs import GENERATE_FUNCTION
+from tokenrelay.shared.script_runner import SyncScripts
+from tokenrelay.shared.settings import Settings
+from tokenrelay.worker.rq_worker import build_worker
 
 SECRET = "the secret prompt 🌊 nobody else may read"
 MESSAGES = [
@@ -91,9 +92,11 @@ def test_cluster_view_reports_admission_queues_jobs_and_rejections(
 
 
 def test_cluster_view_lists_workers_with_the_jobs_they_run(
-    open_client: TestClient, redis_url: str
+    open_client: TestClient, redis_url: str, sync_redis: redis.Redis
 ) -> None:
     job_id = open_client.post("/v1/jobs", json={"model": "m", "messages": MESSAGES}).json()["id"]
+    settings = Settings(redis_url=redis_url)
+    SyncScripts(sync_redis).run(scripts.register_worker(settings, "console-test-worker", "m", 3))
     seen: list[dict[str, Any]] = []
 
     def generate(job_id: str, request: dict[str, object]) -> dict[str, str]:
@@ -113,10 +116,37 @@ def test_cluster_view_lists_workers_with_the_jobs_they_run(
     assert worker["state"] == "busy"
     assert worker["running"] == [job_id]
     assert worker["model"] == "m"
-    assert worker["capacity"] == Settings().worker_concurrency
+    assert worker["capacity"] == 3  # its registration, not the API's TOKENRELAY_WORKER_CONCURRENCY
     assert isinstance(worker["last_heartbeat"], float)
     assert abs(worker["last_heartbeat"] - view["now"]) < 60
     assert SECRET not in str(view)
+
+
+def test_cluster_view_shows_each_workers_own_model_and_capacity_and_no_foreign_rq(
+    open_client: TestClient, redis_url: str, sync_redis: redis.Redis
+) -> None:
+    settings = Settings(redis_url=redis_url)
+    SyncScripts(sync_redis).run(scripts.register_worker(settings, "w-other", "other", 2))
+    connection = redis.Redis.from_url(redis_url)
+    try:
+        build_worker(connection, "w-other", {}, model="other").register_birth()
+        build_worker(connection, "w-unregistered", {}, model="m").register_birth()
+        # another application's RQ queue (with a job) and worker, in the same Redis
+        rq.Queue("emails", connection=connection).enqueue_call("mailer.send")
+        rq.Worker(["emails"], name="mailer", connection=connection).register_birth()
+        view = open_client.get("/v1/cluster").json()
+    finally:
+        connection.close()
+    assert view["model"] == "m"
+    workers = {worker["name"]: worker for worker in view["workers"]}
+    assert set(workers) == {"w-other", "w-unregistered"}
+    assert (workers["w-other"]["model"], workers["w-other"]["capacity"]) == ("other", 2)
+    # not registered (yet): the model its queues name, and no capacity
+    assert (workers["w-unregistered"]["model"], workers["w-unregistered"]["capacity"]) == (
+        "m",
+        None,
+    )
+    assert view["queues"] == []
 
 
 def test_cluster_view_needs_an_admin_key_when_keys_are_on(keyed_client: TestClient) -> None:
@@ -204,21 +234,14 @@ def test_console_loads_nothing_from_outside() -> None:
 
 
 @pytest.fixture(scope="module")
-def console_cluster(
-    tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory
-) -> Iterator[Cluster]:
+def console_cluster(make_module_cluster: ClusterFactory) -> Cluster:
     """Keys on, room for one job, two API processes: the page's requests land on either."""
-    with running_cluster(
-        tiny_model_dir,
-        tmp_path_factory.mktemp("console-logs"),
-        {
-            "TOKENRELAY_MAX_INFLIGHT": "1",
-            "TOKENRELAY_API_KEYS": USER_KEY,
-            "TOKENRELAY_ADMIN_API_KEYS": ADMIN_KEY,
-        },
-        api_workers=2,
-    ) as cluster:
-        yield cluster
+    settings = {
+        "TOKENRELAY_MAX_INFLIGHT": "1",
+        "TOKENRELAY_API_KEYS": USER_KEY,
+        "TOKENRELAY_ADMIN_API_KEYS": ADMIN_KEY,
+    }
+    return make_module_cluster(settings, api_workers=2)
 
 
 @pytest.fixture(scope="module")

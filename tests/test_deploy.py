@@ -155,7 +155,7 @@ BROKEN_CASES = [
     pytest.param(
         "hadolint",
         "docker/worker.Dockerfile",
-        'pip install --no-cache-dir "./[worker]"',
+        'pip install --no-cache-dir "./[worker,client]"',
         "pip install torch",
         "DL3013",
         id="dockerfile-unpinned-pip",
@@ -644,7 +644,7 @@ def test_dockerignore_keeps_the_context_to_the_sources() -> None:
         if line.strip() and not line.startswith("#")
     ]
     assert lines[0] == "*", "allow-list: ignore everything, then re-include the sources"
-    assert {"!pyproject.toml", "!README.md", "!api/", "!worker/", "!shared/"} <= set(lines)
+    assert {"!pyproject.toml", "!README.md", "!api/", "!worker/", "!shared/", "!cli/"} <= set(lines)
 
 
 @pytest.mark.parametrize("name", ["api", "worker"])
@@ -655,4 +655,7 @@ def test_images_run_unprivileged_and_multi_stage(name: str) -> None:
     assert "\nUSER ${UID}:${UID}\n" in text and "ARG UID=10001" in text
     assert 'ENTRYPOINT ["tokenrelay"]' in text
     assert f'CMD ["{name}"' in text
-    assert f'"./[{name}]"' in text, "installs only its own extra"
+    # Its own side and the client commands (`tokenrelay top` inside a pod), never the other.
+    assert f'"./[{name},client]"' in text, "installs its own extra and the client's"
+    other = "worker" if name == "api" else "api"
+    assert f"[{other}" not in text and f",{other}" not in text

@@ -6,15 +6,14 @@ from __future__ import annotations
 import asyncio
 import json
 from collections.abc import Iterator
-from pathlib import Path
 
 import httpx
 import openai
 import pytest
 import redis
 
-from shared import keys
-from tests.cluster import MODEL_NAME, Cluster, running_cluster
+from tests.cluster import MODEL_NAME, Cluster, ClusterFactory
+from tokenrelay.shared import keys
 
 pytestmark = pytest.mark.e2e
 
@@ -23,18 +22,15 @@ MESSAGES = [{"role": "user", "content": "写一首诗 about the sea 🌊\nplease
 
 
 @pytest.fixture(scope="module")
-def cluster(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
-    with running_cluster(
-        tiny_model_dir,
-        tmp_path_factory.mktemp("logs"),
+def cluster(make_module_cluster: ClusterFactory) -> Cluster:
+    return make_module_cluster(
         {
             "TOKENRELAY_MAX_INFLIGHT": "2",
             "TOKENRELAY_LEASE_TTL_S": "3",
             "TOKENRELAY_WORKER_CONCURRENCY": "1",
         },
         api_workers=2,
-    ) as cluster:
-        yield cluster
+    )
 
 
 @pytest.fixture

@@ -9,17 +9,17 @@ import json
 import signal
 import time
 from collections.abc import Iterator
-from pathlib import Path
 
 import httpx
 import pytest
 import redis
 from rq.registry import FailedJobRegistry
 
-from shared import keys
-from shared.embedded_redis import EmbeddedRedis
-from shared.rq_jobs import generation_queue
-from tests.cluster import MODEL_NAME, Cluster
+from tests.cluster import MODEL_NAME, Cluster, ClusterFactory
+from tokenrelay.cli.embedded_redis import EmbeddedRedis
+from tokenrelay.cli.harness import eventually
+from tokenrelay.shared import keys
+from tokenrelay.shared.rq_jobs import generation_queue
 
 pytestmark = pytest.mark.e2e
 
@@ -40,21 +40,13 @@ def redis_server() -> Iterator[EmbeddedRedis]:  # type: ignore[override]
 
 
 @pytest.fixture
-def cluster(redis_server: EmbeddedRedis, tiny_model_dir: Path, tmp_path: Path) -> Iterator[Cluster]:
-    cluster = Cluster(
-        redis_url=redis_server.url,
-        model_dir=tiny_model_dir,
-        log_dir=tmp_path,
-        settings={
-            "TOKENRELAY_LEASE_TTL_S": str(LEASE_TTL_S),
-            "TOKENRELAY_MAX_QUEUE_WAIT_S": "60",
-            "TOKENRELAY_WORKER_CONCURRENCY": "1",
-        },
-    )
-    try:
-        yield cluster
-    finally:
-        cluster.stop()
+def cluster(redis_server: EmbeddedRedis, make_cluster: ClusterFactory) -> Cluster:
+    settings = {
+        "TOKENRELAY_LEASE_TTL_S": str(LEASE_TTL_S),
+        "TOKENRELAY_MAX_QUEUE_WAIT_S": "60",
+        "TOKENRELAY_WORKER_CONCURRENCY": "1",
+    }
+    return make_cluster(settings, redis_url=redis_server.url, workers=0, api_workers=0)
 
 
 def read_events(http: httpx.Client, job_id: str) -> list[dict]:
@@ -89,7 +81,7 @@ def test_worker_killed_mid_stream_fails_the_job_and_queued_jobs_survive(cluster:
             running = first["id"].removeprefix("chatcmpl-")
             wait_for_token(http, running)
             queued = http.post("/v1/jobs", json=SHORT).json()["id"]
-            worker.send_signal(signal.SIGKILL)
+            worker.kill()
             killed_at = time.monotonic()
             rest = list(lines)
         detected_s = time.monotonic() - killed_at
@@ -101,10 +93,8 @@ def test_worker_killed_mid_stream_fails_the_job_and_queued_jobs_survive(cluster:
         assert record["error"]["type"] == "worker_lost"
         connection = redis.Redis.from_url(cluster.redis_url)
         failed = FailedJobRegistry(queue=generation_queue(connection, MODEL_NAME, "normal"))
-        deadline = time.monotonic() + 5  # the reaper moves it right after marking it failed
-        while running not in failed.get_job_ids(cleanup=False):
-            assert time.monotonic() < deadline, "the job never reached RQ's failed registry"
-            time.sleep(0.05)
+        # The reaper moves it right after marking it failed.
+        eventually(lambda: running in failed.get_job_ids(cleanup=False), 5, "RQ's failed registry")
         connection.close()
         cluster.start_worker()
         assert read_events(http, queued)[-1]["type"] == "done"
@@ -121,8 +111,8 @@ def test_sigterm_drains_running_jobs_then_exits_0_and_keeps_queued_ones(
         running = http.post("/v1/jobs", json=LONG).json()["id"]
         queued = http.post("/v1/jobs", json=SHORT).json()["id"]
         wait_for_token(http, running)
-        worker.send_signal(signal.SIGTERM)
-        assert worker.wait(timeout=30) == 0
+        worker.signal(signal.SIGTERM)
+        assert worker.wait(30) == 0
         record = http.get(f"/v1/jobs/{running}").json()
         assert record["status"] == "failed"
         assert "drain" in record["error"]["message"]
@@ -131,8 +121,8 @@ def test_sigterm_drains_running_jobs_then_exits_0_and_keeps_queued_ones(
         patient = cluster.start_worker()
         short = http.post("/v1/jobs", json=SHORT).json()["id"]
         wait_for_token(http, short)
-        patient.send_signal(signal.SIGTERM)
-        assert patient.wait(timeout=30) == 0
+        patient.signal(signal.SIGTERM)
+        assert patient.wait(30) == 0
         assert read_events(http, queued)[-1]["type"] == "done"
         assert read_events(http, short)[-1]["type"] == "done"
     assert lease_count(cluster) == 0
@@ -171,10 +161,7 @@ def test_redis_restart_gives_503_then_recovers_without_restarts(
         assert refused.json()["error"]["code"] == "redis_unavailable"
         assert time.monotonic() - started < 5
         redis_server.start()
-        deadline = time.monotonic() + 30
-        while http.get("/readyz").status_code != 200:
-            assert time.monotonic() < deadline, "API did not reconnect to Redis"
-            time.sleep(0.1)
+        eventually(lambda: http.get("/readyz").status_code == 200, 30, "the API to reconnect")
         response = http.post("/v1/chat/completions", json=SHORT, timeout=60)
         assert response.status_code == 200, response.text
         assert response.json()["choices"][0]["finish_reason"] in ("stop", "length")

@@ -1,6 +1,6 @@
 """The Redis key schema is a contract between processes and versions: pin every string."""
 
-from shared import keys
+from tokenrelay.shared import keys
 
 
 def test_key_strings_are_pinned() -> None:

@@ -15,16 +15,21 @@ import redis
 import redis.asyncio
 from fastapi.testclient import TestClient
 from prometheus_client.parser import text_string_to_metric_families
+from rq import Queue, Worker
 
-from api.api_keys import hash_key
-from api.app import create_app
-from api.metrics import Metrics, observe_events
-from api.request_log import LOGGER_NAME, RequestRecord, recording
-from shared import keys
-from shared.cli import _prometheus_multiproc_dir
-from shared.events import Done, Error, Event, Started, TokenChunk, Usage
-from shared.settings import Settings
-from tests.cluster import MODEL_NAME, Cluster, running_cluster
+from tests.cluster import MODEL_NAME, Cluster, ClusterFactory
+from tokenrelay.api.api_keys import hash_key
+from tokenrelay.api.app import create_app
+from tokenrelay.api.cluster_view import ClusterGauges
+from tokenrelay.api.metrics import Metrics
+from tokenrelay.api.request_log import LOGGER_NAME, RequestRecord, recording
+from tokenrelay.api.stream_observer import observe_events
+from tokenrelay.api.streams import Delivery, StreamItem
+from tokenrelay.cli.main import _prometheus_multiproc_dir
+from tokenrelay.shared import keys
+from tokenrelay.shared.events import Done, Error, Event, Started, TokenChunk, Usage
+from tokenrelay.shared.settings import Settings
+from tokenrelay.worker.rq_worker import build_worker
 
 SECRET = "the launch code is 0000"
 MESSAGES = [{"role": "user", "content": SECRET}]
@@ -142,6 +147,27 @@ def test_in_flight_and_queue_depth_are_read_from_redis_at_scrape_time(
     assert value(scrape(client), "tokenrelay_requests_in_flight") == 3
 
 
+def test_only_tokenrelays_queues_and_workers_are_counted(
+    client: TestClient, redis_url: str
+) -> None:
+    assert client.post("/v1/jobs", json={"model": "m", "messages": MESSAGES}).status_code == 202
+    connection = redis.Redis.from_url(redis_url)
+    try:  # another application's RQ queue, with a job, and its worker, in the same Redis
+        Queue("emails", connection=connection).enqueue_call("mailer.send")
+        Worker(["emails"], name="mailer", connection=connection).register_birth()
+        build_worker(connection, "tokenrelay-w1", {}, model="m").register_birth()
+        samples = scrape(client)
+    finally:
+        connection.close()
+    depths = {
+        dict(labels)["queue"]: count
+        for (name, labels), count in samples.items()
+        if name == "tokenrelay_queue_depth"
+    }
+    assert depths == {keys.generation_queue("m", "normal"): 1}
+    assert value(samples, "tokenrelay_workers") == 1
+
+
 def test_a_redis_outage_still_answers_the_scrape_with_what_it_knows() -> None:
     settings = Settings(redis_url="redis://127.0.0.1:1/0")
     with TestClient(create_app(settings)) as client:
@@ -200,13 +226,13 @@ def test_log_prompts_setting_puts_the_prompt_in_the_log_line(
     assert line["prompt"] == MESSAGES
 
 
-async def replay(events: list[Event]) -> AsyncIterator[Event]:
+async def replay(events: list[Event]) -> AsyncIterator[StreamItem]:
     for event in events:
-        yield event
+        yield Delivery(event, event.model_dump_json())
 
 
 async def test_a_served_stream_feeds_the_latency_and_token_metrics(
-    redis_url: str, async_redis: redis.asyncio.Redis
+    async_redis: redis.asyncio.Redis,
 ) -> None:
     await async_redis.hset(keys.job("j1"), mapping={"created_at": "100.0", "started_at": "100.25"})
     metrics = Metrics()
@@ -219,8 +245,8 @@ async def test_a_served_stream_feeds_the_latency_and_token_metrics(
         Done(seq=3, finish_reason="length", usage=usage),
     ]
     with recording(record):
-        seen = [event async for event in observe_events(async_redis, "j1", replay(events))]
-    assert seen == events
+        seen = [item async for item in observe_events(async_redis, "j1", replay(events))]
+    assert [item.event for item in seen if isinstance(item, Delivery)] == events
     assert (record.prompt_tokens, record.completion_tokens) == (7, 4)
     assert (record.job_status, record.finish_reason, record.queue_wait_s) == (
         "succeeded",
@@ -228,7 +254,7 @@ async def test_a_served_stream_feeds_the_latency_and_token_metrics(
         0.25,
     )
     assert record.ttft_s is not None
-    samples = parse((await metrics.render(Settings(redis_url=redis_url))).decode())[1]
+    samples = parse((await metrics.render(ClusterGauges(max_inflight=1))).decode())[1]
     assert value(samples, "tokenrelay_queue_wait_seconds_sum") == 0.25
     assert value(samples, "tokenrelay_time_to_first_token_seconds_count") == 1
     assert value(samples, "tokenrelay_inter_token_latency_seconds_count") == 2  # per token
@@ -248,14 +274,8 @@ async def test_an_error_event_sets_the_job_status_it_stands_for(
 
 
 @pytest.fixture(scope="module")
-def cluster(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
-    with running_cluster(
-        tiny_model_dir,
-        tmp_path_factory.mktemp("metrics-logs"),
-        {"TOKENRELAY_WORKER_CONCURRENCY": "2"},
-        api_workers=2,
-    ) as cluster:
-        yield cluster
+def cluster(make_module_cluster: ClusterFactory) -> Cluster:
+    return make_module_cluster({"TOKENRELAY_WORKER_CONCURRENCY": "2"}, api_workers=2)
 
 
 def api_request_lines(cluster: Cluster) -> list[dict[str, object]]:

@@ -14,15 +14,16 @@ import os
 import shutil
 import subprocess
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import httpx
 import pytest
 
-from shared.embedded_redis import find_redis_server
-from tests.cluster import MODEL_NAME, tokenrelay_command
+from tests.cluster import MODEL_NAME
+from tokenrelay.cli.embedded_redis import find_redis_server
+from tokenrelay.cli.harness import Child, ProcessGroup, eventually, tokenrelay_command
 
 pytestmark = pytest.mark.e2e
 
@@ -35,7 +36,10 @@ API = "10.77.3.2"
 class Hosts:
     suffix: str
     log_dir: Path
-    processes: list[subprocess.Popen[bytes]] = field(default_factory=list)
+    group: ProcessGroup = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.group = ProcessGroup(log_dir=self.log_dir)
 
     def ns(self, role: str) -> str:
         return f"tr-{role}-{self.suffix}"
@@ -43,17 +47,8 @@ class Hosts:
     def veth(self, link: str, side: str) -> str:
         return f"v{link}{side}{self.suffix}"[:15]
 
-    def spawn(self, role: str, command: list[str], env: dict[str, str]) -> subprocess.Popen[bytes]:
-        log = open(self.log_dir / f"{role}.log", "wb")  # noqa: SIM115
-        process = subprocess.Popen(
-            ["ip", "netns", "exec", self.ns(role), *command],
-            env=env,
-            stdout=log,
-            stderr=subprocess.STDOUT,
-        )
-        log.close()
-        self.processes.append(process)
-        return process
+    def spawn(self, role: str, command: list[str], env: dict[str, str]) -> Child:
+        return self.group.spawn(role, ["ip", "netns", "exec", self.ns(role), *command], env)
 
 
 def ip(*args: str) -> None:
@@ -92,25 +87,24 @@ def hosts(tmp_path: Path) -> Iterator[Hosts]:
         _link(hosts, "c", None, "api", "10.77.3")
         yield hosts
     finally:
-        for process in hosts.processes:
-            process.kill()
-            process.wait(timeout=10)
+        for child in hosts.group.children:
+            child.kill()
+        hosts.group.stop()
         for role in roles:
             subprocess.run(["ip", "netns", "del", hosts.ns(role)], capture_output=True)
         subprocess.run(["ip", "link", "del", hosts.veth("c", "a")], capture_output=True)
 
 
-def wait_until(condition: object, what: str) -> None:
-    assert callable(condition)
-    deadline = time.monotonic() + STARTUP_TIMEOUT_S
-    while time.monotonic() < deadline:
+def wait_until(condition: Callable[[], bool], what: str) -> None:
+    """`eventually`, counting an HTTP error as not yet."""
+
+    def holds() -> bool:
         try:
-            if condition():
-                return
+            return condition()
         except httpx.HTTPError:
-            pass
-        time.sleep(0.1)
-    raise TimeoutError(f"timed out waiting for {what}")
+            return False
+
+    eventually(holds, STARTUP_TIMEOUT_S, what)
 
 
 def test_stream_across_three_hosts_then_the_worker_link_is_cut(

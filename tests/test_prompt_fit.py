@@ -14,11 +14,11 @@ from tokenizers import Tokenizer
 from tokenizers.models import WordLevel
 from tokenizers.pre_tokenizers import Whitespace
 
-from api.prompt_fit import PromptFit
-from shared import keys
-from shared.errors import ContextLengthExceeded
-from shared.generation import ChatMessage, GenerationRequest
-from shared.model_limits import LIMITS_TTL_S, LimitsPublisher, ModelLimits
+from tokenrelay.api.prompt_fit import PromptFit
+from tokenrelay.shared import keys
+from tokenrelay.shared.errors import ContextLengthExceeded
+from tokenrelay.shared.generation import ChatMessage, GenerationRequest
+from tokenrelay.shared.model_limits import LIMITS_TTL_S, LimitsPublisher, ModelLimits
 
 MODEL = "m"
 

@@ -3,17 +3,14 @@
 from __future__ import annotations
 
 import json
-import signal
-import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
 import pytest
 
-from api.api_keys import hash_key
-from shared.embedded_redis import EmbeddedRedis
-from tests.cluster import MODEL_NAME, Cluster
+from tests.cluster import MODEL_NAME, Cluster, ClusterFactory
+from tokenrelay.api.api_keys import hash_key
+from tokenrelay.cli.harness import eventually
 
 pytestmark = pytest.mark.e2e
 
@@ -23,7 +20,7 @@ SHORT = {"model": MODEL_NAME, "messages": MESSAGES, "max_tokens": 2, "min_tokens
 
 
 @pytest.fixture
-def cluster(tiny_model_dir: Path, tmp_path: Path) -> Iterator[Cluster]:
+def cluster(make_cluster: ClusterFactory, tmp_path: Path) -> Cluster:
     keys_file = tmp_path / "keys.json"
     keys_file.write_text(
         json.dumps(
@@ -33,22 +30,13 @@ def cluster(tiny_model_dir: Path, tmp_path: Path) -> Iterator[Cluster]:
             ]
         )
     )
-    with EmbeddedRedis() as server:
-        cluster = Cluster(
-            redis_url=server.url,
-            model_dir=tiny_model_dir,
-            log_dir=tmp_path,
-            settings={
-                "TOKENRELAY_WORKER_CONCURRENCY": "1",
-                "TOKENRELAY_MAX_INFLIGHT": "100",
-                "TOKENRELAY_API_KEYS_FILE": str(keys_file),
-                "TOKENRELAY_LEASE_TTL_S": "2",
-            },
-        )
-        try:
-            yield cluster
-        finally:
-            cluster.stop()
+    settings = {
+        "TOKENRELAY_WORKER_CONCURRENCY": "1",
+        "TOKENRELAY_MAX_INFLIGHT": "100",
+        "TOKENRELAY_API_KEYS_FILE": str(keys_file),
+        "TOKENRELAY_LEASE_TTL_S": "2",
+    }
+    return make_cluster(settings, workers=0, api_workers=0)
 
 
 def auth(key: str) -> dict[str, str]:
@@ -118,14 +106,13 @@ def test_model_field_routes_to_that_models_workers(cluster: Cluster) -> None:
         unknown = http.post("/v1/jobs", json={**SHORT, "model": "nope"}, headers=auth("vip"))
         assert unknown.status_code == 404
         assert unknown.json()["error"]["code"] == "model_not_found"
-        other.send_signal(signal.SIGKILL)
-        other.wait(timeout=10)
-        deadline = time.monotonic() + 10  # the worker's registration outlives it by <= 2 s
-        while [m["id"] for m in http.get("/v1/models", headers=auth("vip")).json()["data"]] != [
-            MODEL_NAME
-        ]:
-            assert time.monotonic() < deadline, "the dead worker's model is still listed"
-            time.sleep(0.1)
+        other.kill()
+
+        def listed() -> list[str]:
+            return [m["id"] for m in http.get("/v1/models", headers=auth("vip")).json()["data"]]
+
+        # The worker's registration outlives it by <= 2 s.
+        eventually(lambda: listed() == [MODEL_NAME], 10, "the dead worker's model to go")
         gone = http.post("/v1/jobs", json={**SHORT, "model": "tiny-b"}, headers=auth("vip"))
         assert gone.status_code == 503
         assert gone.json()["error"]["code"] == "model_unavailable"

@@ -14,11 +14,11 @@ from rq import Queue, Worker
 from rq.registry import FailedJobRegistry, FinishedJobRegistry, StartedJobRegistry
 from rq.serializers import JSONSerializer
 
-from shared import keys
-from shared.generation import ChatMessage, GenerationRequest
-from shared.rq_jobs import GENERATE_FUNCTION, enqueue_generation, generation_queue
-from shared.settings import Settings
-from worker.rq_worker import UnknownJobFunction, allow_listed_job_class, build_worker
+from tokenrelay.shared import keys
+from tokenrelay.shared.generation import ChatMessage, GenerationRequest
+from tokenrelay.shared.rq_jobs import GENERATE_FUNCTION, enqueue_generation, generation_queue
+from tokenrelay.shared.settings import Settings
+from tokenrelay.worker.rq_worker import UnknownJobFunction, allow_listed_job_class, build_worker
 
 
 def test_a_job_naming_another_function_is_refused(redis_url: str) -> None:

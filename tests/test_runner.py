@@ -11,15 +11,15 @@ from typing import Any
 import pytest
 import redis
 
-from shared import keys, scripts
-from shared.generation import ChatMessage, GenerationRequest
-from shared.script_runner import SyncScripts
-from shared.scripts import ScriptCall
-from shared.settings import Settings
-from worker.active_jobs import ActiveJobs, StopReason
-from worker.batcher import Batcher, BatchJob
-from worker.engine import SamplingParams, TokenOutput
-from worker.runner import JobRunner
+from tokenrelay.shared import keys, scripts
+from tokenrelay.shared.generation import ChatMessage, GenerationRequest
+from tokenrelay.shared.script_runner import SyncScripts
+from tokenrelay.shared.scripts import ScriptCall
+from tokenrelay.shared.settings import Settings
+from tokenrelay.worker.active_jobs import ActiveJobs, StopReason
+from tokenrelay.worker.batcher import Batcher, BatchJob
+from tokenrelay.worker.engine import SamplingParams, TokenOutput
+from tokenrelay.worker.runner import JobRunner
 
 
 class ByteDecoder:
@@ -88,7 +88,7 @@ class CountingScripts(SyncScripts):
 
     def run(self, call: ScriptCall) -> Any:
         if call.source == scripts.EMIT:
-            self.emits.append((len(call.args) - 6) // 3)
+            self.emits.append((len(call.args) - scripts.LIBRARY_ARGC) // 3)
         return super().run(call)
 
 

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import torch
 
-from worker.engine import SamplingParams
-from worker.sampling import new_generator, sample_token
+from tokenrelay.worker.engine import SamplingParams
+from tokenrelay.worker.sampling import new_generator, sample_token
 
 VOCAB = 1000
 

@@ -8,11 +8,11 @@ import threading
 import pytest
 import redis
 
-from shared import keys, scripts
-from shared.errors import Overloaded
-from shared.events import Done, Started, TokenChunk, Usage, parse_event
-from shared.script_runner import SyncScripts
-from shared.settings import Settings
+from tokenrelay.shared import keys, scripts
+from tokenrelay.shared.errors import Overloaded
+from tokenrelay.shared.events import Done, Started, TokenChunk, Usage, parse_event
+from tokenrelay.shared.script_runner import SyncScripts
+from tokenrelay.shared.settings import Settings
 
 
 @pytest.fixture

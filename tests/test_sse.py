@@ -6,8 +6,8 @@ import json
 
 import pytest
 
-from api import sse
-from api.openai_schema import ChatCompletionChunk, ChunkChoice, Delta
+from tokenrelay.api import sse
+from tokenrelay.api.openai_schema import ChatCompletionChunk, ChunkChoice, Delta
 
 
 def parse_data(raw: bytes) -> str:

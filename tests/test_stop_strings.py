@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from worker.stop_strings import StopStringMatcher
+from tokenrelay.worker.stop_strings import StopStringMatcher
 
 
 def run(stops: list[str], chunks: list[str]) -> tuple[list[str], bool]:

@@ -5,11 +5,11 @@ from __future__ import annotations
 import redis
 import redis.asyncio
 
-from api.streams import StreamHub
-from shared import scripts
-from shared.events import Done, Started, TokenChunk, Usage
-from shared.script_runner import SyncScripts
-from shared.settings import Settings
+from tokenrelay.api.streams import Delivery, StreamHub
+from tokenrelay.shared import scripts
+from tokenrelay.shared.events import Done, Started, TokenChunk, Usage
+from tokenrelay.shared.script_runner import SyncScripts
+from tokenrelay.shared.settings import Settings
 
 
 class RacingHub(StreamHub):
@@ -48,9 +48,10 @@ async def test_duplicates_of_replayed_events_do_not_trigger_more_replays(
     hub.start()
     seqs: list[int] = []
     try:
-        async for event in hub.events("j", idle_s=5):
-            seqs.append(event.seq)
-            if event.seq == 20:  # the 20 published copies of replayed events are queued now
+        async for delivery in hub.events("j", idle_s=5):
+            assert isinstance(delivery, Delivery)
+            seqs.append(delivery.event.seq)
+            if delivery.event.seq == 20:  # the 20 published copies of replayed events are queued
                 finish()
     finally:
         await hub.close()

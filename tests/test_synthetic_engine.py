@@ -7,9 +7,9 @@ import time
 import pytest
 from pydantic import ValidationError
 
-from shared.settings import Settings
-from worker.engine import SamplingParams
-from worker.synthetic_engine import SyntheticEngine
+from tokenrelay.shared.settings import Settings
+from tokenrelay.worker.engine import SamplingParams
+from tokenrelay.worker.synthetic_engine import SyntheticEngine
 
 
 def params(max_tokens: int) -> SamplingParams:

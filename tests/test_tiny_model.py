@@ -19,7 +19,7 @@ from transformers import (  # noqa: E402
     Qwen2Tokenizer,
 )
 
-from worker.tiny_model import (  # noqa: E402
+from tokenrelay.worker.tiny_model import (  # noqa: E402
     IM_END,
     IM_START,
     SPECIAL_TOKENS,

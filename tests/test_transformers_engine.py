@@ -6,9 +6,9 @@ from pathlib import Path
 
 import pytest
 
-from shared.generation import ChatMessage
-from worker.engine import SamplingParams
-from worker.transformers_engine import TransformersEngine
+from tokenrelay.shared.generation import ChatMessage
+from tokenrelay.worker.engine import SamplingParams
+from tokenrelay.worker.transformers_engine import TransformersEngine
 
 GREEDY = SamplingParams(max_tokens=24, min_tokens=24, temperature=0, top_p=1, top_k=0, seed=None)
 SEEDED = SamplingParams(max_tokens=24, min_tokens=24, temperature=1.0, top_p=0.9, top_k=20, seed=7)

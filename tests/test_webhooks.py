@@ -17,7 +17,6 @@ import threading
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
-from pathlib import Path
 
 import httpx
 import pydantic
@@ -25,8 +24,9 @@ import pytest
 import redis
 import redis.asyncio
 
-from api.job_request import JobRequest
-from api.webhook_policy import (
+from tests.cluster import MODEL_NAME, Cluster, ClusterFactory
+from tokenrelay.api.job_request import JobRequest
+from tokenrelay.api.webhook_policy import (
     IPAddress,
     Resolver,
     WebhookRefused,
@@ -37,16 +37,15 @@ from api.webhook_policy import (
     pinned_request,
     resolve_target,
 )
-from api.webhook_queue import Delivery, WebhookQueue
-from api.webhooks import Dispatcher, Outcome, backoff_s, signature
-from shared import keys, scripts
-from shared.embedded_redis import EmbeddedRedis
-from shared.errors import InvalidRequest
-from shared.events import Done, Started, Usage
-from shared.jobs import JobRecord
-from shared.script_runner import SyncScripts
-from shared.settings import Settings
-from tests.cluster import MODEL_NAME, Cluster
+from tokenrelay.api.webhook_queue import Delivery, WebhookQueue
+from tokenrelay.api.webhooks import Dispatcher, Outcome, backoff_s, signature
+from tokenrelay.cli.harness import eventually
+from tokenrelay.shared import keys, scripts
+from tokenrelay.shared.errors import InvalidRequest
+from tokenrelay.shared.events import Done, Started, Usage
+from tokenrelay.shared.jobs import JobRecord
+from tokenrelay.shared.script_runner import SyncScripts
+from tokenrelay.shared.settings import Settings
 
 SECRET = "whsec_" + base64.b64encode(bytes(range(32))).decode()
 PUBLIC = ipaddress.ip_address("93.184.216.34")
@@ -635,7 +634,7 @@ def test_jobs_route_refuses_webhooks_until_configured_and_stores_a_valid_one(
 ) -> None:
     from fastapi.testclient import TestClient
 
-    from api.app import create_app
+    from tokenrelay.api.app import create_app
 
     body = {"model": "m", "messages": [{"role": "user", "content": "hi"}], "webhook": HOOK_URL}
     with TestClient(create_app(Settings(redis_url=redis_url, served_model_name="m"))) as client:
@@ -668,28 +667,15 @@ def test_jobs_route_refuses_webhooks_until_configured_and_stores_a_valid_one(
 
 
 @pytest.fixture(scope="module")
-def hook_cluster(
-    tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory
-) -> Iterator[Cluster]:
-    with EmbeddedRedis() as server:
-        cluster = Cluster(
-            redis_url=server.url,
-            model_dir=tiny_model_dir,
-            log_dir=tmp_path_factory.mktemp("webhook-logs"),
-            settings={
-                "TOKENRELAY_WEBHOOK_SECRET": SECRET,
-                "TOKENRELAY_WEBHOOK_ALLOWED_HOSTS": "127.0.0.1",
-                "TOKENRELAY_WEBHOOK_ALLOW_PRIVATE": "1",
-                "TOKENRELAY_WEBHOOK_BACKOFF_S": "0.2",
-                "TOKENRELAY_WEBHOOK_MAX_ATTEMPTS": "5",
-            },
-        )
-        try:
-            cluster.start_worker()
-            cluster.start_api(workers=2)  # two dispatchers share the queue
-            yield cluster
-        finally:
-            cluster.stop()
+def hook_cluster(make_module_cluster: ClusterFactory) -> Cluster:
+    settings = {
+        "TOKENRELAY_WEBHOOK_SECRET": SECRET,
+        "TOKENRELAY_WEBHOOK_ALLOWED_HOSTS": "127.0.0.1",
+        "TOKENRELAY_WEBHOOK_ALLOW_PRIVATE": "1",
+        "TOKENRELAY_WEBHOOK_BACKOFF_S": "0.2",
+        "TOKENRELAY_WEBHOOK_MAX_ATTEMPTS": "5",
+    }
+    return make_module_cluster(settings, api_workers=2)  # two dispatchers share the queue
 
 
 def submit(cluster: Cluster, webhook: str, tokens: int, events: list[str] | None = None) -> str:
@@ -712,10 +698,7 @@ def wait_until_settled(cluster: Cluster) -> None:
     """Every delivery queued so far is settled: none waiting, held or scheduled for retry."""
     client = redis.Redis.from_url(cluster.redis_url, decode_responses=True)
     try:
-        deadline = time.monotonic() + WAIT_S
-        while not nothing_left(client):
-            assert time.monotonic() < deadline, "webhook deliveries never settled"
-            time.sleep(0.05)
+        eventually(lambda: nothing_left(client), WAIT_S, "webhook deliveries to settle")
     finally:
         client.close()
 

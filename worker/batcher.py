@@ -22,13 +22,13 @@ from typing import Literal
 
 from redis.exceptions import RedisError
 
-from shared import scripts
-from shared.events import TokenChunk
-from shared.script_runner import SyncScripts
-from shared.settings import Settings
-from worker.active_jobs import ActiveJobs, StopReason
-from worker.engine import Engine, IncrementalDecoder, SamplingParams, TokenOutput
-from worker.stop_strings import StopStringMatcher
+from tokenrelay.shared import scripts
+from tokenrelay.shared.events import TokenChunk
+from tokenrelay.shared.script_runner import SyncScripts
+from tokenrelay.shared.settings import Settings
+from tokenrelay.worker.active_jobs import ActiveJobs, StopReason
+from tokenrelay.worker.engine import Engine, IncrementalDecoder, SamplingParams, TokenOutput
+from tokenrelay.worker.stop_strings import StopStringMatcher
 
 log = logging.getLogger(__name__)
 

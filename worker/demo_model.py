@@ -7,7 +7,7 @@ import shutil
 import tempfile
 from pathlib import Path
 
-from worker.tiny_model import build_tiny_model
+from tokenrelay.worker.tiny_model import build_tiny_model
 
 DEMO_DIR_NAME = "demo-model"
 

@@ -14,7 +14,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Literal, Protocol
 
-from shared.generation import ChatMessage
+from tokenrelay.shared.generation import ChatMessage
 
 
 @dataclass(frozen=True)

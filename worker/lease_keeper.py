@@ -16,12 +16,12 @@ import threading
 
 import redis
 
-from shared import keys, scripts
-from shared.model_limits import LimitsPublisher
-from shared.rq_jobs import fail_lost_jobs
-from shared.script_runner import SyncScripts
-from shared.settings import Settings
-from worker.active_jobs import ActiveJobs, StopReason
+from tokenrelay.shared import keys, scripts
+from tokenrelay.shared.model_limits import LimitsPublisher
+from tokenrelay.shared.rq_jobs import fail_lost_jobs
+from tokenrelay.shared.script_runner import SyncScripts
+from tokenrelay.shared.settings import Settings
+from tokenrelay.worker.active_jobs import ActiveJobs, StopReason
 
 log = logging.getLogger(__name__)
 

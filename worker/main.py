@@ -11,17 +11,17 @@ import uuid
 import redis
 from rq.exceptions import StopRequested
 
-from shared.model_limits import LimitsPublisher
-from shared.rq_jobs import GENERATE_FUNCTION
-from shared.script_runner import SyncScripts
-from shared.settings import DEMO_MODEL_NAME, Settings
-from worker.active_jobs import ActiveJobs, StopReason
-from worker.batcher import Batcher
-from worker.engine import Engine, ModelLoadError
-from worker.lease_keeper import LeaseKeeper
-from worker.rq_worker import build_worker
-from worker.runner import JobRunner
-from worker.synthetic_engine import SyntheticEngine
+from tokenrelay.shared.model_limits import LimitsPublisher
+from tokenrelay.shared.rq_jobs import GENERATE_FUNCTION
+from tokenrelay.shared.script_runner import SyncScripts
+from tokenrelay.shared.settings import DEMO_MODEL_NAME, Settings
+from tokenrelay.worker.active_jobs import ActiveJobs, StopReason
+from tokenrelay.worker.batcher import Batcher
+from tokenrelay.worker.engine import Engine, ModelLoadError
+from tokenrelay.worker.lease_keeper import LeaseKeeper
+from tokenrelay.worker.rq_worker import build_worker
+from tokenrelay.worker.runner import JobRunner
+from tokenrelay.worker.synthetic_engine import SyntheticEngine
 
 log = logging.getLogger(__name__)
 
@@ -33,7 +33,7 @@ def build_engine(settings: Settings) -> Engine:
     if settings.engine == "synthetic":
         log.warning("synthetic engine: tokens are placeholders, for benchmarks only")
         return SyntheticEngine(settings.synthetic_tokens_per_s, settings.synthetic_first_token_ms)
-    from worker.transformers_engine import TransformersEngine
+    from tokenrelay.worker.transformers_engine import TransformersEngine
 
     return TransformersEngine(
         settings.model, settings.device, settings.dtype, settings.worker_max_prefill_tokens
@@ -44,7 +44,7 @@ def run_worker(settings: Settings, *, demo: bool = False) -> int:
     """Run until stopped (SIGTERM/SIGINT: finish the current job, then exit 0)."""
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
     if demo:
-        from worker.demo_model import ensure_demo_model
+        from tokenrelay.worker.demo_model import ensure_demo_model
 
         settings = settings.model_copy(
             update={

@@ -23,7 +23,7 @@ from rq.serializers import JSONSerializer
 from rq.timeouts import TimerDeathPenalty
 from rq.worker import SimpleWorker, WorkerStatus
 
-from shared.rq_jobs import worker_queues
+from tokenrelay.shared.rq_jobs import worker_queues
 
 _SLOT_WAIT_S = 5.0
 

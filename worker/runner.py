@@ -6,18 +6,18 @@ from __future__ import annotations
 import logging
 from typing import Any
 
-from shared import scripts
-from shared.errors import GenerationFailed, TokenrelayError
-from shared.events import Done, Error, Started, Usage
-from shared.generation import GenerationRequest
-from shared.jobs import JobStatus
-from shared.model_limits import ModelLimits
-from shared.script_runner import SyncScripts
-from shared.settings import Settings
-from worker.active_jobs import ActiveJobs, StopReason
-from worker.batcher import Batcher, BatchJob
-from worker.engine import Engine, SamplingParams
-from worker.stop_strings import StopStringMatcher
+from tokenrelay.shared import scripts
+from tokenrelay.shared.errors import GenerationFailed, JobCancelled, TokenrelayError, WorkerLost
+from tokenrelay.shared.events import Done, Error, Started, Usage
+from tokenrelay.shared.generation import GenerationRequest
+from tokenrelay.shared.jobs import JobField, JobStatus, error_fields
+from tokenrelay.shared.model_limits import ModelLimits
+from tokenrelay.shared.script_runner import SyncScripts
+from tokenrelay.shared.settings import Settings
+from tokenrelay.worker.active_jobs import ActiveJobs, StopReason
+from tokenrelay.worker.batcher import Batcher, BatchJob
+from tokenrelay.worker.engine import Engine, SamplingParams
+from tokenrelay.worker.stop_strings import StopStringMatcher
 
 log = logging.getLogger(__name__)
 
@@ -117,13 +117,13 @@ class JobRunner:
 
     def _conclude(self, job: BatchJob, prompt_tokens: int) -> str:
         fields: dict[str, scripts.Arg] = {
-            "prompt_tokens": prompt_tokens,
-            "completion_tokens": job.completion_tokens,
+            JobField.PROMPT_TOKENS: prompt_tokens,
+            JobField.COMPLETION_TOKENS: job.completion_tokens,
         }
         reason = self._active.stop_reason(job.job_id)
         if job.finish_reason is None and reason is not None:
             status, error = _STOPPED[reason]
-            self._finish(job.job_id, status, fields | _error_fields(error), error.to_wire())
+            self._finish(job.job_id, status, {**fields, **error_fields(error)}, error.to_wire())
             return status
         finish_reason = job.finish_reason or "stop"
         usage = Usage(
@@ -132,13 +132,13 @@ class JobRunner:
             total_tokens=prompt_tokens + job.completion_tokens,
         )
         done = Done(finish_reason=finish_reason, usage=usage)
-        fields["finish_reason"] = finish_reason
+        fields[JobField.FINISH_REASON] = finish_reason
         self._finish(job.job_id, JobStatus.SUCCEEDED, fields, done.to_wire())
         return JobStatus.SUCCEEDED
 
     def _fail(self, job_id: str, exc: TokenrelayError) -> None:
         error = Error(error_type=exc.error_type, message=exc.message)
-        self._finish(job_id, JobStatus.FAILED, _error_fields(error), error.to_wire())
+        self._finish(job_id, JobStatus.FAILED, dict(error_fields(error)), error.to_wire())
 
     def _finish(
         self, job_id: str, status: JobStatus, fields: dict[str, scripts.Arg], event: str
@@ -149,24 +149,20 @@ class JobRunner:
 _STOPPED: dict[StopReason, tuple[JobStatus, Error]] = {
     StopReason.CANCELLED: (
         JobStatus.CANCELLED,
-        Error(error_type="cancelled", message="the job was cancelled while running"),
+        Error(error_type=JobCancelled.error_type, message="the job was cancelled while running"),
     ),
     StopReason.LEASE_LOST: (
         JobStatus.FAILED,
         Error(
-            error_type="worker_lost",
+            error_type=WorkerLost.error_type,
             message="the worker lost this job's lease (Redis unreachable for too long)",
         ),
     ),
     StopReason.SHUTDOWN: (
         JobStatus.FAILED,
         Error(
-            error_type="worker_lost",
+            error_type=WorkerLost.error_type,
             message="the worker shut down and its drain period ran out before the job finished",
         ),
     ),
 }
-
-
-def _error_fields(error: Error) -> dict[str, scripts.Arg]:
-    return {"error_type": error.error_type, "error_message": error.message}

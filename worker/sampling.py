@@ -12,7 +12,7 @@ from typing import Any
 
 import torch
 
-from worker.engine import SamplingParams
+from tokenrelay.worker.engine import SamplingParams
 
 
 def new_generator(seed: int | None, device: str) -> torch.Generator:

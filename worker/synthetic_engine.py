@@ -11,8 +11,8 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from shared.generation import ChatMessage
-from worker.engine import IncrementalDecoder, SamplingParams, TokenOutput
+from tokenrelay.shared.generation import ChatMessage
+from tokenrelay.worker.engine import IncrementalDecoder, SamplingParams, TokenOutput
 
 _MAX_SLEEP_S = 0.002
 _VOCAB = ("lorem ", "ipsum ", "dolor ", "sit ", "amet ", "consectetur ", "adipiscing ", "elit ")

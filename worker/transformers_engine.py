@@ -25,9 +25,9 @@ from urllib.parse import urlparse
 
 import torch
 
-from shared.generation import ChatMessage
-from worker.engine import IncrementalDecoder, ModelLoadError, SamplingParams, TokenOutput
-from worker.sampling import new_generator, sample_token
+from tokenrelay.shared.generation import ChatMessage
+from tokenrelay.worker.engine import IncrementalDecoder, ModelLoadError, SamplingParams, TokenOutput
+from tokenrelay.worker.sampling import new_generator, sample_token
 
 _HUB_PROBE_TIMEOUT_S = 5.0
 

@@ -25,15 +25,15 @@ from fastapi.responses import JSONResponse
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from starlette.responses import StreamingResponse
 
-from api.deps import CallerDep, StateDep
-from api.error_docs import SUBMIT_ERRORS
-from api.job_control import submit
-from api.openai_schema import ChatCompletionRequest
-from api.relay import collect, relay
-from api.state import AppState
-from api.stream_start import first_output
-from shared.errors import InvalidRequest, TokenrelayError
-from shared.events import Done
+from tokenrelay.api.deps import CallerDep, StateDep
+from tokenrelay.api.error_docs import SUBMIT_ERRORS
+from tokenrelay.api.job_control import submit
+from tokenrelay.api.openai_schema import ChatCompletionRequest
+from tokenrelay.api.relay import GenerationRenderer, collect, relay
+from tokenrelay.api.state import AppState
+from tokenrelay.api.stream_start import first_output
+from tokenrelay.shared.errors import InvalidRequest, TokenrelayError
+from tokenrelay.shared.events import Done
 
 router = APIRouter(tags=["article clients"])
 
@@ -176,7 +176,7 @@ def _retry_headers(exc: TokenrelayError) -> dict[str, str] | None:
     return {"Retry-After": str(retry_after)} if retry_after is not None else None
 
 
-class _PromptSSE:
+class _PromptSSE(GenerationRenderer):
     """sse-starlette's framing, which the first article's client splits on."""
 
     def text(self, text: str) -> bytes:
@@ -199,7 +199,7 @@ class _PromptSSE:
         return f"event: {name}\r\ndata: {data}\r\nretry: 15000\r\n\r\n".encode()
 
 
-class _CumulativeText:
+class _CumulativeText(GenerationRenderer):
     """The second article's stream: the whole text so far, as JSON, then a NUL byte."""
 
     def __init__(self) -> None:

@@ -4,18 +4,16 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import AsyncIterator
 
 from fastapi import APIRouter, Request
-from redis.exceptions import RedisError
 from starlette.responses import StreamingResponse
 
-from api import sse
-from api.deps import CallerDep, StateDep
-from api.error_docs import SUBMIT_ERRORS
-from api.job_control import cancel_quietly, submit
-from api.model_routing import check_model
-from api.openai_schema import (
+from tokenrelay.api import sse
+from tokenrelay.api.deps import CallerDep, StateDep
+from tokenrelay.api.error_docs import SUBMIT_ERRORS
+from tokenrelay.api.job_control import submit
+from tokenrelay.api.model_routing import check_model
+from tokenrelay.api.openai_schema import (
     AssistantMessage,
     ChatCompletion,
     ChatCompletionChunk,
@@ -24,12 +22,11 @@ from api.openai_schema import (
     ChunkChoice,
     Delta,
 )
-from api.relay import collect
-from api.state import AppState
-from api.stream_start import StreamItem, first_output
-from api.streams import Heartbeat
-from shared.errors import RedisUnavailable, TokenrelayError, from_type
-from shared.events import Done, Error, TokenChunk, Usage
+from tokenrelay.api.relay import GenerationRenderer, collect, relay
+from tokenrelay.api.state import AppState
+from tokenrelay.api.stream_start import first_output
+from tokenrelay.shared.errors import TokenrelayError
+from tokenrelay.shared.events import Done, Usage
 
 router = APIRouter(prefix="/v1", tags=["chat"], responses=SUBMIT_ERRORS)
 
@@ -44,7 +41,8 @@ async def create_chat_completion(
     if body.stream:
         include_usage = bool(body.stream_options and body.stream_options.include_usage)
         events = await first_output(state, job_id, http.receive)
-        return sse.response(_stream(state, job_id, body.model, include_usage, events))
+        render = _ChatSSE(job_id, body.model, include_usage)
+        return sse.response(relay(state, job_id, events, render))
     return await _complete(state, job_id, body.model)
 
 
@@ -59,48 +57,15 @@ async def _complete(state: AppState, job_id: str, model: str) -> ChatCompletion:
     )
 
 
-async def _stream(
-    state: AppState,
-    job_id: str,
-    model: str,
-    include_usage: bool,
-    events: AsyncIterator[StreamItem],
-) -> AsyncIterator[bytes]:
-    chunk = _ChunkWriter(job_id, model)
-    ended = False
-    try:
-        yield chunk.delta(Delta(role="assistant", content=""))
-        async for event in events:
-            if isinstance(event, TokenChunk):
-                yield chunk.content(event.text)
-            elif isinstance(event, Done):
-                yield chunk.delta(Delta(), finish_reason=event.finish_reason)
-                if include_usage:
-                    yield chunk.usage(event.usage)
-            elif isinstance(event, Error):
-                yield _error(from_type(event.error_type, event.message))
-            elif isinstance(event, Heartbeat):
-                yield sse.comment()
-        ended = True
-    except RedisError:
-        yield _error(RedisUnavailable("lost Redis while streaming; the job may still finish"))
-        ended = True
-    finally:
-        if not ended:
-            state.spawn(cancel_quietly(state, job_id))
-    yield sse.encode("[DONE]")
+class _ChatSSE(GenerationRenderer):
+    """OpenAI's chat completion chunks: a role chunk, content chunks, a finish chunk (and a
+    usage chunk if asked), then `[DONE]`."""
 
-
-def _error(exc: TokenrelayError) -> bytes:
-    """An error after the stream started: vLLM's shape, `data: {"error": {...}}`."""
-    return sse.encode(json.dumps(exc.body()))
-
-
-class _ChunkWriter:
-    def __init__(self, job_id: str, model: str) -> None:
+    def __init__(self, job_id: str, model: str, include_usage: bool) -> None:
         self._id = f"chatcmpl-{job_id}"
         self._model = model
         self._created = int(time.time())
+        self._include_usage = include_usage
         self._content = sse.TextFrames(
             lambda text: ChatCompletionChunk(
                 id=self._id,
@@ -110,11 +75,30 @@ class _ChunkWriter:
             ).model_dump_json()
         )
 
-    def content(self, text: str) -> bytes:
+    def start(self) -> bytes:
+        return self._delta(Delta(role="assistant", content=""))
+
+    def text(self, text: str) -> bytes:
         """A chunk carrying `text`: the hot path, once per event of every stream."""
         return self._content.frame(text)
 
-    def delta(self, delta: Delta, finish_reason: str | None = None) -> bytes:
+    def done(self, event: Done) -> bytes:
+        out = self._delta(Delta(), finish_reason=event.finish_reason)
+        if self._include_usage:
+            out += self._usage(event.usage)
+        return out
+
+    def error(self, exc: TokenrelayError) -> bytes:
+        """An error after the stream started: vLLM's shape, `data: {"error": {...}}`."""
+        return sse.encode(json.dumps(exc.body()))
+
+    def ping(self) -> bytes:
+        return sse.comment()
+
+    def end(self) -> bytes:
+        return sse.encode("[DONE]")
+
+    def _delta(self, delta: Delta, finish_reason: str | None = None) -> bytes:
         choice = ChunkChoice(delta=delta, finish_reason=finish_reason)
         return self._encode(
             ChatCompletionChunk(
@@ -122,7 +106,7 @@ class _ChunkWriter:
             )
         )
 
-    def usage(self, usage: Usage) -> bytes:
+    def _usage(self, usage: Usage) -> bytes:
         return self._encode(
             ChatCompletionChunk(
                 id=self._id, created=self._created, model=self._model, choices=[], usage=usage

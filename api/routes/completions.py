@@ -8,16 +8,16 @@ import time
 from fastapi import APIRouter, Request
 from starlette.responses import StreamingResponse
 
-from api import sse
-from api.deps import CallerDep, StateDep
-from api.error_docs import SUBMIT_ERRORS
-from api.job_control import submit
-from api.model_routing import check_model
-from api.openai_schema import Completion, CompletionChoice, CompletionRequest
-from api.relay import collect, relay
-from api.stream_start import first_output
-from shared.errors import TokenrelayError
-from shared.events import Done
+from tokenrelay.api import sse
+from tokenrelay.api.deps import CallerDep, StateDep
+from tokenrelay.api.error_docs import SUBMIT_ERRORS
+from tokenrelay.api.job_control import submit
+from tokenrelay.api.model_routing import check_model
+from tokenrelay.api.openai_schema import Completion, CompletionChoice, CompletionRequest
+from tokenrelay.api.relay import GenerationRenderer, collect, relay
+from tokenrelay.api.stream_start import first_output
+from tokenrelay.shared.errors import TokenrelayError
+from tokenrelay.shared.events import Done
 
 router = APIRouter(prefix="/v1", tags=["completions"], responses=SUBMIT_ERRORS)
 
@@ -38,7 +38,7 @@ async def create_completion(
     return render.completion(text, done.finish_reason, done)
 
 
-class _CompletionSSE:
+class _CompletionSSE(GenerationRenderer):
     def __init__(self, job_id: str, model: str, include_usage: bool) -> None:
         self._id = f"cmpl-{job_id}"
         self._model = model

@@ -12,7 +12,7 @@ from pathlib import Path
 from fastapi import APIRouter
 from fastapi.responses import FileResponse, RedirectResponse
 
-from shared.errors import NotFound
+from tokenrelay.shared.errors import NotFound
 
 STATIC_DIR = Path(__file__).resolve().parent.parent / "static"
 _NAME = re.compile(r"^[a-z0-9-]+\.(html|css|js|png)$")

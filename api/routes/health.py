@@ -6,10 +6,10 @@ from fastapi import APIRouter
 from fastapi.responses import JSONResponse
 from redis.exceptions import RedisError
 
-from api.deps import StateDep
-from api.error_docs import AUTH_ERRORS
-from api.errors import error_response
-from shared.errors import RedisUnavailable
+from tokenrelay.api.deps import StateDep
+from tokenrelay.api.error_docs import AUTH_ERRORS
+from tokenrelay.api.errors import error_response
+from tokenrelay.shared.errors import RedisUnavailable
 
 router = APIRouter(tags=["health"])
 

@@ -3,24 +3,22 @@
 from __future__ import annotations
 
 import json
-from collections.abc import AsyncIterator
 from typing import Annotated
 
 from fastapi import APIRouter, Header
 from fastapi.responses import JSONResponse
-from redis.exceptions import RedisError
 from starlette.responses import StreamingResponse
 
-from api import sse
-from api.deps import CallerDep, StateDep
-from api.error_docs import JOB_ERRORS, SUBMIT_ERRORS
-from api.job_control import cancel, get_record, submit
-from api.job_request import JobRequest
-from api.model_routing import check_model
-from api.state import AppState
-from api.streams import Heartbeat
-from shared.errors import InvalidRequest, RedisUnavailable
-from shared.jobs import JobRecord
+from tokenrelay.api import sse
+from tokenrelay.api.deps import CallerDep, StateDep
+from tokenrelay.api.error_docs import JOB_ERRORS, SUBMIT_ERRORS
+from tokenrelay.api.job_control import cancel, get_record, submit
+from tokenrelay.api.job_request import JobRequest
+from tokenrelay.api.model_routing import check_model
+from tokenrelay.api.relay import relay
+from tokenrelay.api.streams import Delivery
+from tokenrelay.shared.errors import InvalidRequest, RedisUnavailable
+from tokenrelay.shared.jobs import JobRecord
 
 router = APIRouter(prefix="/v1/jobs", tags=["jobs"], responses=JOB_ERRORS)
 
@@ -58,10 +56,13 @@ async def job_events(
     caller: CallerDep,
     last_event_id: Annotated[str | None, Header()] = None,
 ) -> StreamingResponse:
-    """SSE of the job's events from the start (or after `Last-Event-ID`), through the last."""
+    """SSE of the job's events from the start (or after `Last-Event-ID`), through the last.
+
+    The job runs on when the client leaves: it was submitted to run without a listener."""
     await get_record(state, caller, job_id)
     after_seq = _parse_last_event_id(last_event_id)
-    return sse.response(_events(state, job_id, after_seq))
+    events = state.hub.events(job_id, after_seq=after_seq, idle_s=state.settings.sse_ping_s)
+    return sse.response(relay(state, job_id, events, _JobEventsSSE(), cancel_on_leave=False))
 
 
 _MAX_SEQ = 2**63 - 1  # event `seq`s are Redis integers; the log is read from `seq + 1`
@@ -79,15 +80,23 @@ def _parse_last_event_id(value: str | None) -> int:
     return int(value)
 
 
-async def _events(state: AppState, job_id: str, after_seq: int) -> AsyncIterator[bytes]:
-    try:
-        async for event in state.hub.events(
-            job_id, after_seq=after_seq, idle_s=state.settings.sse_ping_s
-        ):
-            if isinstance(event, Heartbeat):
-                yield sse.comment()
-            else:
-                yield sse.encode(event.model_dump_json(), event=event.type, event_id=event.seq)
-    except RedisError:
+class _JobEventsSSE:
+    """Each event's JSON as the log holds it (never encoded again), its type as the SSE
+    `event` and its `seq` as the SSE `id`, which a client resumes from (`Last-Event-ID`)."""
+
+    def start(self) -> None:
+        return None
+
+    def event(self, delivery: Delivery) -> bytes:
+        event = delivery.event
+        return sse.encode(delivery.raw, event=event.type, event_id=event.seq)
+
+    def ping(self) -> bytes:
+        return sse.comment()
+
+    def lost_redis(self) -> bytes:
         error = RedisUnavailable("lost Redis while streaming; reconnect with Last-Event-ID")
-        yield sse.encode(json.dumps(error.body()), event="error")
+        return sse.encode(json.dumps(error.body()), event="error")
+
+    def end(self) -> None:
+        return None

@@ -6,10 +6,10 @@ import time
 
 from fastapi import APIRouter
 
-from api.deps import CallerDep, StateDep
-from api.error_docs import AUTH_ERRORS
-from api.model_routing import served_models
-from api.openai_schema import ModelCard, ModelList
+from tokenrelay.api.deps import CallerDep, StateDep
+from tokenrelay.api.error_docs import AUTH_ERRORS
+from tokenrelay.api.model_routing import served_models
+from tokenrelay.api.openai_schema import ModelCard, ModelList
 
 router = APIRouter(prefix="/v1", tags=["models"], responses=AUTH_ERRORS)
 

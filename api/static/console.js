@@ -460,7 +460,7 @@ function renderCluster(view) {
       cell(w.name),
       cell(w.model),
       cell(w.state, `state ${w.state}`),
-      cell(`${w.running.length} / ${w.capacity}`, "num"),
+      cell(`${w.running.length} / ${w.capacity ?? "?"}`, "num"),
       running,
       cell(age, "num")
     );

@@ -1,0 +1,351 @@
+"""Chaos bench: a mixed load on 2 API processes and 2 workers (tiny Qwen2 model) while a
+worker, an API process and Redis are killed and started again; then one table.
+
+    .venv/bin/python -m bench.chaos               # 60 s of load, then the table
+    .venv/bin/python -m bench.chaos --duration 90
+
+The load: concurrent clients, each looping over streams, non-streaming completions, async
+jobs (followed to their end over SSE, resumed with `Last-Event-ID` through the other API
+when the connection drops), jobs cancelled with `DELETE`, and streams the client abandons
+after the first token. Every client operation has a deadline (`OP_TIMEOUT_S`); one that
+passes it counts as hung. The schedule: a worker is SIGKILLed and replaced, an API process is
+SIGKILLed and restarted on its port, Redis is killed and restarted (empty: it has no
+persistence, so jobs admitted before it vanish, and their clients get `redis_unavailable`);
+the load goes on after each, for at least 20 s after Redis is back.
+After the load the bench waits for the lease set to drain, then reads every job record left
+in Redis: none may be without a terminal state, and no lease may be left.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import random
+import time
+from collections import Counter
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from enum import StrEnum
+from typing import Any
+
+import httpx
+import redis.asyncio
+
+from bench.chaos.cluster import MODEL_NAME, ChaosCluster
+from tokenrelay.shared import keys
+from tokenrelay.shared.jobs import JobField, JobStatus
+
+LIMIT = 16
+LEASE_TTL_S = 3.0
+SETTINGS = {
+    "TOKENRELAY_MAX_INFLIGHT": str(LIMIT),
+    "TOKENRELAY_LEASE_TTL_S": str(LEASE_TTL_S),
+    "TOKENRELAY_MAX_QUEUE_WAIT_S": "10",
+    "TOKENRELAY_SSE_PING_S": "2",
+    "TOKENRELAY_WORKER_DRAIN_S": "5",
+    "OMP_NUM_THREADS": "1",  # two CPU workers share two cores with everything else
+}
+CLIENTS = 24
+OP_TIMEOUT_S = 60.0
+HTTP_TIMEOUT = httpx.Timeout(20.0, connect=5.0)
+# keep-alive shorter than uvicorn's 5 s, so no request reuses a connection being closed
+HTTP_LIMITS = httpx.Limits(keepalive_expiry=1.0)
+DRAIN_TIMEOUT_S = 60.0
+AFTER_REDIS_S = 20.0
+
+
+class Outcome(StrEnum):
+    SUCCEEDED = "succeeded"
+    ERROR_EVENT = "ended with an error event"
+    HTTP_ERROR = "answered with an HTTP error"
+    CONNECTION = "connection failed (API process down)"
+    CANCELLED = "cancelled by the client"
+    HUNG = "hung"
+
+
+@dataclass
+class Tally:
+    outcomes: Counter[Outcome] = field(default_factory=Counter)
+    errors: Counter[str] = field(default_factory=Counter)
+    ops: Counter[str] = field(default_factory=Counter)
+    admitted: dict[str, float] = field(default_factory=dict)  # job id -> first seen
+    abandoned: set[str] = field(default_factory=set)
+    most_leases: int = 0
+    redis_restarted_at: float = float("inf")
+    lost_with_redis: int = 0
+
+    def admit(self, job_id: str) -> None:
+        self.admitted.setdefault(job_id, time.monotonic())
+
+    def record(self, outcome: Outcome, error: str | None = None) -> None:
+        self.outcomes[outcome] += 1
+        if error is not None:
+            self.errors[f"{outcome.name.lower()}: {error}"] += 1
+
+
+def body(max_tokens: int, *, long: bool = False, stream: bool = False) -> dict[str, object]:
+    return {
+        "model": MODEL_NAME,
+        "messages": [{"role": "user", "content": f"chaos {random.random()}"}],
+        "max_tokens": max_tokens,
+        "min_tokens": max_tokens if long else 0,
+        "stream": stream,
+    }
+
+
+class Load:
+    """The client side: operations against the API processes, tallied."""
+
+    def __init__(self, ports: list[int], tally: Tally) -> None:
+        self.ports = ports
+        self.tally = tally
+        self.http = httpx.AsyncClient(timeout=HTTP_TIMEOUT, limits=HTTP_LIMITS)
+
+    def url(self, path: str) -> str:
+        return f"http://127.0.0.1:{random.choice(self.ports)}{path}"
+
+    async def stream(self, *, abandon: bool = False) -> None:
+        tokens = 400 if abandon else random.randint(16, 64)
+        payload = body(tokens, long=abandon, stream=True)
+        async with self.http.stream("POST", self.url("/v1/chat/completions"), json=payload) as r:
+            if r.status_code != 200:
+                await r.aread()
+                await self.refused(r)
+                return
+            finished = False
+            async for line in r.aiter_lines():
+                if line == "data: [DONE]" and finished:
+                    self.tally.record(Outcome.SUCCEEDED)
+                    return
+                if not line.startswith("data: {"):
+                    continue
+                chunk = json.loads(line[6:])
+                if "error" in chunk:
+                    self.tally.record(Outcome.ERROR_EVENT, chunk["error"]["code"])
+                    return
+                job_id = chunk["id"].removeprefix("chatcmpl-")
+                self.tally.admit(job_id)
+                choice = chunk["choices"][0] if chunk["choices"] else {}
+                finished = finished or choice.get("finish_reason") is not None
+                if abandon and choice.get("delta", {}).get("content"):
+                    self.tally.abandoned.add(job_id)
+                    self.tally.record(Outcome.CANCELLED)
+                    return  # leaving the `async with` closes the connection mid-stream
+            self.tally.record(Outcome.ERROR_EVENT, "stream ended without [DONE]")
+
+    async def completion(self) -> None:
+        r = await self.http.post(self.url("/v1/chat/completions"), json=body(32))
+        if r.status_code == 200:
+            self.tally.admit(r.json()["id"].removeprefix("chatcmpl-"))
+            self.tally.record(Outcome.SUCCEEDED)
+        else:
+            await self.refused(r)
+
+    async def job(self, *, cancel: bool = False) -> None:
+        payload = body(400, long=True) if cancel else body(random.randint(16, 64))
+        r = await self.http.post(self.url("/v1/jobs"), json=payload)
+        if r.status_code != 202:
+            await self.refused(r)
+            return
+        job_id = r.json()["id"]
+        self.tally.admit(job_id)
+        if cancel:
+            await asyncio.sleep(random.uniform(0.1, 1.0))
+            await self.http.delete(self.url(f"/v1/jobs/{job_id}"))
+        await self.follow(job_id)
+
+    async def follow(self, job_id: str) -> None:
+        """Read the job's events to its end, resuming through any API after a dropped
+        connection, as a client with `Last-Event-ID` does."""
+        last_seq = -1
+        while True:
+            headers = {"Last-Event-ID": str(last_seq)} if last_seq >= 0 else {}
+            try:
+                async with self.http.stream(
+                    "GET", self.url(f"/v1/jobs/{job_id}/events"), headers=headers
+                ) as r:
+                    if r.status_code != 200:
+                        await r.aread()
+                        self.tally.record(Outcome.HTTP_ERROR, r.json()["error"]["code"])
+                        return
+                    async for line in r.aiter_lines():
+                        if line.startswith("id: "):
+                            last_seq = int(line[4:])
+                        elif line.startswith("data: "):
+                            event = json.loads(line[6:])
+                            if event.get("type") == "done":
+                                self.tally.record(Outcome.SUCCEEDED)
+                                return
+                            if event.get("type") == "error" or "error" in event:
+                                self.record_error(event)
+                                return
+            except httpx.TransportError:
+                await asyncio.sleep(0.2)
+
+    async def refused(self, response: httpx.Response) -> None:
+        """Tally an HTTP error; back off as `Retry-After` says, as a polite client does."""
+        self.tally.record(Outcome.HTTP_ERROR, response.json()["error"]["code"])
+        if "retry-after" in response.headers:
+            await asyncio.sleep(random.uniform(0.5, 1.0) * int(response.headers["retry-after"]))
+
+    def record_error(self, event: dict[str, Any]) -> None:
+        code = str(event["error_type"] if event.get("type") == "error" else event["error"]["code"])
+        outcome = Outcome.CANCELLED if code == "cancelled" else Outcome.ERROR_EVENT
+        self.tally.record(outcome, None if outcome is Outcome.CANCELLED else code)
+
+    async def one(self) -> None:
+        """One operation of the mix, within its deadline."""
+        ops: list[tuple[str, Callable[[], Awaitable[None]]]] = [
+            ("stream", self.stream),
+            ("stream", self.stream),
+            ("completion", self.completion),
+            ("job", self.job),
+            ("job", self.job),
+            ("cancel", lambda: self.job(cancel=True)),
+            ("disconnect", lambda: self.stream(abandon=True)),
+        ]
+        name, op = random.choice(ops)
+        self.tally.ops[name] += 1
+        try:
+            async with asyncio.timeout(OP_TIMEOUT_S):
+                await op()
+        except TimeoutError:
+            self.tally.record(Outcome.HUNG, name)
+        except httpx.TransportError as exc:
+            self.tally.record(Outcome.CONNECTION, type(exc).__name__)
+
+    async def client(self, until: float) -> None:
+        """Loop until `until`, and at least AFTER_REDIS_S past the Redis restart."""
+        while time.monotonic() < max(until, self.tally.redis_restarted_at + AFTER_REDIS_S):
+            await self.one()
+            await asyncio.sleep(random.uniform(0, 0.05))
+
+
+async def sample_leases(redis_url: str, tally: Tally, stop: asyncio.Event) -> None:
+    client = redis.asyncio.Redis.from_url(redis_url, socket_timeout=1)
+    try:
+        while not stop.is_set():
+            try:
+                tally.most_leases = max(tally.most_leases, await client.zcard(keys.leases()))
+            except (redis.RedisError, OSError):
+                await asyncio.sleep(0.05)
+    finally:
+        await client.aclose()
+
+
+Log = Callable[[str], None]
+
+
+async def chaos(cluster: ChaosCluster, ports: list[int], tally: Tally, log: Log) -> None:
+    """Kill and restart a worker, an API process and Redis, one after the other."""
+    await asyncio.sleep(5)
+    cluster.kill_worker(cluster.workers[0])
+    log("SIGKILL worker; starting a replacement")
+    await asyncio.to_thread(cluster.start_worker)
+    log("replacement worker registered")
+    await asyncio.sleep(3)
+    cluster.kill_api(ports[1])
+    log(f"SIGKILL API :{ports[1]}")
+    await asyncio.sleep(2)
+    await asyncio.to_thread(cluster.start_api, ports[1])
+    log(f"API :{ports[1]} restarted")
+    await asyncio.sleep(3)
+    async with redis.asyncio.Redis.from_url(cluster.redis_url) as client:
+        tally.lost_with_redis = int(await client.zcard(keys.leases()))
+    cluster.redis_server.stop()
+    log(f"Redis killed with {tally.lost_with_redis} jobs in flight")
+    await asyncio.sleep(3)
+    await asyncio.to_thread(cluster.redis_server.start)
+    tally.redis_restarted_at = time.monotonic()
+    log("Redis restarted (empty)")
+
+
+async def settle(redis_url: str) -> tuple[int, dict[str, str]]:
+    """Wait for the lease set to drain; then the leases left and every job record's status."""
+    client = redis.asyncio.Redis.from_url(redis_url, decode_responses=True)
+    try:
+        deadline = time.monotonic() + DRAIN_TIMEOUT_S
+        while await client.zcard(keys.leases()) and time.monotonic() < deadline:
+            await asyncio.sleep(0.2)
+        leases = int(await client.zcard(keys.leases()))
+        statuses: dict[str, str] = {}
+        depth = keys.job("id").count(":")
+        async for key in client.scan_iter(match=keys.job("*"), count=1000):
+            if key.count(":") == depth:  # not a job's event log, channel or text
+                statuses[key.rsplit(":", 1)[1]] = str(await client.hget(key, JobField.STATUS))
+        return leases, statuses
+    finally:
+        await client.aclose()
+
+
+async def run(duration_s: float) -> None:
+    started = time.monotonic()
+
+    def log(message: str) -> None:
+        print(f"[{time.monotonic() - started:5.1f}s] {message}", flush=True)
+
+    with ChaosCluster(SETTINGS) as cluster:
+        ports = [cluster.start_api(), cluster.start_api()]
+        cluster.start_worker()
+        cluster.start_worker()
+        log(f"2 API processes {ports}, 2 workers, Redis {cluster.redis_url}; load starts")
+        tally = Tally()
+        load = Load(ports, tally)
+        stop = asyncio.Event()
+        sampler = asyncio.create_task(sample_leases(cluster.redis_url, tally, stop))
+        until = time.monotonic() + duration_s
+        try:
+            await asyncio.gather(
+                chaos(cluster, ports, tally, log), *(load.client(until) for _ in range(CLIENTS))
+            )
+            log("load stopped; waiting for the leases to drain")
+            leases, statuses = await settle(cluster.redis_url)
+        finally:
+            stop.set()
+            await sampler
+            await load.http.aclose()
+        log("done")
+    print_table(tally, leases, statuses)
+
+
+def print_table(tally: Tally, leases: int, statuses: dict[str, str]) -> None:
+    terminal = {status.value for status in JobStatus if status.is_terminal}
+    unfinished = [job_id for job_id, status in statuses.items() if status not in terminal]
+    before = {j for j, seen in tally.admitted.items() if seen < tally.redis_restarted_at}
+    missing = tally.admitted.keys() - before - statuses.keys()
+    abandoned = Counter(statuses.get(j, "wiped with Redis") for j in tally.abandoned)
+    rows = [
+        ("requests sent", sum(tally.ops.values())),
+        *((f"  {outcome.value}", tally.outcomes[outcome]) for outcome in Outcome),
+        ("jobs admitted (seen by clients)", len(tally.admitted)),
+        ("  before the Redis restart (records wiped with it)", len(before)),
+        ("  in flight when Redis was killed: lost with it", tally.lost_with_redis),
+        ("  after it: records in Redis at the end", len(statuses)),
+        ("  after it: admitted but no record (must be 0)", len(missing)),
+        ("jobs without a terminal state (must be 0)", len(unfinished)),
+        ("leases left (must be 0)", leases),
+        ("max concurrently admitted / limit", f"{tally.most_leases} / {LIMIT}"),
+    ]
+    width = max(len(label) for label, _ in rows)
+    print()
+    for label, value in rows:
+        print(f"{label:<{width}}  {value:>8}")
+    print("\nmix:", ", ".join(f"{name} {n}" for name, n in sorted(tally.ops.items())))
+    final = Counter(statuses.values())
+    print("final job states:", ", ".join(f"{s} {n}" for s, n in sorted(final.items())))
+    print("abandoned streams ended:", ", ".join(f"{s} {n}" for s, n in sorted(abandoned.items())))
+    print("errors:", ", ".join(f"{e} {n}" for e, n in tally.errors.most_common()) or "none")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(
+        prog="python -m bench.chaos", description=__doc__.splitlines()[0]
+    )
+    parser.add_argument("--duration", type=float, default=60.0, help="seconds of load")
+    args = parser.parse_args()
+    asyncio.run(run(args.duration))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,91 @@
+"""Real processes for `bench.chaos` and `bench.disconnect`, each killable on its own.
+
+`ChaosCluster` runs an embedded Redis (`stop()` / `start()` keep its port; a restarted Redis
+is empty: no persistence), `tokenrelay api` processes (one uvicorn process each, on a port
+that a restart reuses) and `tokenrelay worker` processes on the tiny Qwen2 checkpoint, all
+on the shared process harness (`tokenrelay.cli.harness`).
+"""
+
+from __future__ import annotations
+
+import tempfile
+from dataclasses import dataclass, field
+from pathlib import Path
+from types import TracebackType
+
+from tokenrelay.cli.embedded_redis import EmbeddedRedis, free_port
+from tokenrelay.cli.harness import Child, ProcessGroup
+
+MODEL_NAME = "tiny"
+
+
+def build_model(directory: Path) -> Path:
+    from tokenrelay.worker.tiny_model import build_tiny_model
+
+    return build_tiny_model(directory)
+
+
+@dataclass
+class ChaosCluster:
+    """`with ChaosCluster(settings) as cluster:`; everything it started stops on exit."""
+
+    settings: dict[str, str]
+    work_dir: Path = field(default_factory=lambda: Path(tempfile.mkdtemp(prefix="tokenrelay-")))
+    redis_server: EmbeddedRedis = field(default_factory=EmbeddedRedis)
+    apis: dict[int, Child] = field(default_factory=dict)
+    workers: list[Child] = field(default_factory=list)
+    group: ProcessGroup = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.group = ProcessGroup(log_dir=self.work_dir)
+
+    def __enter__(self) -> ChaosCluster:
+        self.model_dir = build_model(self.work_dir / "model")
+        self.redis_server.start()
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.group.stop()
+        self.redis_server.__exit__(exc_type, exc, tb)
+
+    @property
+    def redis_url(self) -> str:
+        return self.redis_server.url
+
+    def env(self) -> dict[str, str]:
+        """What every started process gets on top of this process's environment."""
+        return {
+            "TOKENRELAY_REDIS_URL": self.redis_url,
+            "TOKENRELAY_MODEL": str(self.model_dir),
+            "TOKENRELAY_SERVED_MODEL_NAME": MODEL_NAME,
+            "HF_HUB_OFFLINE": "1",
+            "PYTHONUNBUFFERED": "1",
+            **self.settings,
+        }
+
+    def start_api(self, port: int | None = None) -> int:
+        """Start one API process (on `port` again after a kill); returns its port."""
+        port = port or free_port()
+        self.apis[port] = self.group.start_api(port, env=self.env())
+        return port
+
+    def kill_api(self, port: int) -> None:
+        self._kill(self.apis.pop(port))
+
+    def start_worker(self) -> Child:
+        worker = self.group.start_worker(self.redis_url, env=self.env())
+        self.workers.append(worker)
+        return worker
+
+    def kill_worker(self, worker: Child) -> None:
+        self.workers.remove(worker)
+        self._kill(worker)
+
+    def _kill(self, child: Child) -> None:
+        child.kill()
+        self.group.remove(child)

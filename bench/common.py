@@ -1,0 +1,86 @@
+"""What more than one benchmark uses: the progress log, the model checkpoints and the prompts.
+
+Models are random-weight Qwen2 checkpoints from `tokenrelay.worker.tiny_model`, built once
+into a cache folder. The "qwen2-0.5b" shape keeps Qwen2-0.5B-Instruct's 151,936 embedding
+rows, but its benchmark tokenizer knows only ~1,250 tokens: with random weights, ~99% of
+sampled ids then decode to nothing, and a stream never shows text. The benchmark copy
+therefore zeroes the embedding rows past the tokenizer (tied to the output head, so their
+logits are 0 and never reach the top 20). Shapes and compute stay exactly those of
+Qwen2-0.5B-Instruct.
+"""
+
+from __future__ import annotations
+
+import shutil
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+_READY_MARKER = ".bench-ready"
+_EMBEDDING = "model.embed_tokens.weight"
+_TEXT = (
+    "The quick brown fox jumps over the lazy dog while a serving gateway queues requests, "
+    "batches them and streams tokens back to every client. Please summarize the following "
+    "article in three bullet points, translate it into French and write a haiku about rain. "
+    "你好，世界！今天天气很好，我们一起去公园散步吧。Numbers: 0 1 2 3 42 100 2024 3.14159."  # noqa: RUF001
+)
+_WORDS = _TEXT.split()
+
+
+def log(message: str) -> None:
+    """Progress goes to stderr; stdout carries only the table."""
+    print(f"[{time.strftime('%H:%M:%S')}] {message}", file=sys.stderr, flush=True)
+
+
+def ensure_model(cache_dir: Path, shape: str) -> Path:
+    """The benchmark checkpoint of `shape` under `cache_dir`, built on first use."""
+    target = cache_dir / shape
+    if (target / _READY_MARKER).exists():
+        return target
+    from tokenrelay.worker.tiny_model import build_tiny_model  # imports torch
+
+    log(f"building the {shape} checkpoint into {target}")
+    shutil.rmtree(target, ignore_errors=True)
+    build_tiny_model(target, shape=shape)
+    if shape != "tiny":
+        _confine_to_tokenizer(target)
+    (target / _READY_MARKER).write_text("built by bench/common.py\n")
+    return target
+
+
+def _confine_to_tokenizer(model_dir: Path) -> None:
+    from safetensors.torch import load_file, save_file
+    from tokenizers import Tokenizer
+
+    known = Tokenizer.from_file(str(model_dir / "tokenizer.json")).get_vocab_size()
+    weights_file = model_dir / "model.safetensors"
+    weights = load_file(str(weights_file))
+    weights[_EMBEDDING][known:] = 0
+    save_file(weights, str(weights_file), metadata={"format": "pt"})
+
+
+def make_conversations(n: int, prompt_tokens: int, tag: str, tokenizer: Any) -> list[list[dict]]:
+    """`n` distinct chats of about `prompt_tokens` tokens each (chat template included).
+
+    Each starts with its own system message, so no two share a prefix page and prefix
+    caching cannot flatter time to first token.
+    """
+    conversations = []
+    for i in range(n):
+        system = f"Request {tag}-{i}. You are a helpful assistant."
+        words: list[str] = []
+        start = (i * 7) % len(_WORDS)
+        while True:
+            words.append(_WORDS[(start + len(words)) % len(_WORDS)])
+            chat = [
+                {"role": "system", "content": system},
+                {"role": "user", "content": " ".join(words)},
+            ]
+            ids = tokenizer.apply_chat_template(
+                chat, add_generation_prompt=True, tokenize=True, return_dict=False
+            )
+            if len(ids) >= prompt_tokens:
+                break
+        conversations.append(chat)
+    return conversations

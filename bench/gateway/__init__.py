@@ -1,0 +1,1 @@
+"""Gateway overhead: what tokenrelay adds per stream and per token (`python -m bench.gateway`)."""

@@ -1,0 +1,1 @@
+"""Redis cost of one token event (`python -m bench.redis_emit`)."""

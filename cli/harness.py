@@ -1,0 +1,212 @@
+"""One process harness for `tokenrelay serve`, the tests and the benchmarks.
+
+A `ProcessGroup` starts child processes (`tokenrelay api`, `tokenrelay worker`, or any
+command), waits until each is ready, and stops them all together: SIGTERM, a shared
+deadline, then SIGKILL. Children are started by the installed package's module path with
+`python -P`, so a current directory holding its own `api/` or `shared/` is never imported.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from types import TracebackType
+
+import redis
+from rq import Worker
+
+READY_TIMEOUT_S = 90.0
+STOP_TIMEOUT_S = 30.0
+POLL_INTERVAL_S = 0.05
+_LOG_TAIL_BYTES = 4000
+
+
+def tokenrelay_command(*args: str) -> list[str]:
+    """The command line of a `tokenrelay` subcommand in a child process."""
+    return [sys.executable, "-P", "-m", "tokenrelay.cli", *args]
+
+
+def eventually(
+    condition: Callable[[], object],
+    timeout_s: float,
+    what: str,
+    interval_s: float = POLL_INTERVAL_S,
+) -> None:
+    """Poll `condition` until it is truthy; `TimeoutError` naming `what` after `timeout_s`."""
+    deadline = time.monotonic() + timeout_s
+    while not condition():
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"timed out after {timeout_s:g} s waiting for {what}")
+        time.sleep(interval_s)
+
+
+class ChildExited(RuntimeError):
+    """A child process ended while it was expected to run."""
+
+
+@dataclass
+class Child:
+    """One started process, its log file (None: it writes to ours) and its name."""
+
+    name: str
+    process: subprocess.Popen[bytes]
+    log_path: Path | None
+
+    @property
+    def pid(self) -> int:
+        return self.process.pid
+
+    def running(self) -> bool:
+        return self.process.poll() is None
+
+    def check_running(self) -> None:
+        """Raise `ChildExited` with the tail of the child's log if it has ended."""
+        if self.running():
+            return
+        tail = ""
+        if self.log_path is not None and self.log_path.exists():
+            tail = self.log_path.read_bytes()[-_LOG_TAIL_BYTES:].decode(errors="replace")
+        raise ChildExited(f"{self.name} exited with {self.process.returncode}\n{tail}")
+
+    def signal(self, signum: int) -> None:
+        if self.running():
+            self.process.send_signal(signum)
+
+    def kill(self) -> int:
+        """SIGKILL and reap; returns the exit status."""
+        self.signal(signal.SIGKILL)
+        return self.process.wait(timeout=STOP_TIMEOUT_S)
+
+    def wait(self, timeout_s: float) -> int | None:
+        """The exit status, or None if the child still runs after `timeout_s`."""
+        try:
+            return self.process.wait(timeout=max(0.0, timeout_s))
+        except subprocess.TimeoutExpired:
+            return None
+
+
+@dataclass
+class ProcessGroup:
+    """Children started together, stopped together: `with ProcessGroup(env, log_dir) as g:`.
+
+    `env` is the environment every child gets (default: ours); `log_dir`, where each child's
+    output goes as `<name>-<n>.log` (default: our stdout and stderr).
+    """
+
+    env: Mapping[str, str] = field(default_factory=lambda: dict(os.environ))
+    log_dir: Path | None = None
+    children: list[Child] = field(default_factory=list)
+    _spawned: int = 0
+
+    def __enter__(self) -> ProcessGroup:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.stop()
+
+    def spawn(
+        self,
+        name: str,
+        command: Sequence[str],
+        env: Mapping[str, str] | None = None,
+        cwd: Path | None = None,
+    ) -> Child:
+        """Start `command` (in `cwd`) with the group's environment updated by `env`."""
+        self._spawned += 1
+        child_env = {**self.env, **(env or {})}
+        if self.log_dir is None:
+            process = subprocess.Popen(list(command), env=child_env, cwd=cwd)
+            child = Child(name, process, None)
+        else:
+            log_path = self.log_dir / f"{name}-{self._spawned}.log"
+            with open(log_path, "wb") as log:
+                process = subprocess.Popen(
+                    list(command), env=child_env, cwd=cwd, stdout=log, stderr=subprocess.STDOUT
+                )
+            child = Child(name, process, log_path)
+        self.children.append(child)
+        return child
+
+    def start_api(
+        self,
+        port: int,
+        *,
+        host: str = "127.0.0.1",
+        workers: int = 1,
+        env: Mapping[str, str] | None = None,
+        ready_timeout_s: float = READY_TIMEOUT_S,
+    ) -> Child:
+        """`tokenrelay api` on `port`; returns once its `/readyz` answers 200."""
+        args = ["api", "--host", host, "--port", str(port), "--workers", str(workers)]
+        child = self.spawn("api", tokenrelay_command(*args), env)
+        url = f"http://{host}:{port}/readyz"
+        eventually(lambda: _answers(child, url), ready_timeout_s, f"{url} to answer 200")
+        return child
+
+    def start_worker(
+        self,
+        redis_url: str,
+        *,
+        demo: bool = False,
+        env: Mapping[str, str] | None = None,
+        ready_timeout_s: float = READY_TIMEOUT_S,
+    ) -> Child:
+        """`tokenrelay worker`; returns once it has registered with RQ in `redis_url`."""
+        child = self.spawn("worker", tokenrelay_command("worker", *(["--demo"] * demo)), env)
+        with redis.Redis.from_url(redis_url) as connection:
+            eventually(
+                lambda: _registered(child, connection),
+                ready_timeout_s,
+                f"worker {child.pid} to register",
+            )
+        return child
+
+    def remove(self, child: Child) -> None:
+        """Forget a child that the caller has ended itself (killed, say)."""
+        self.children.remove(child)
+
+    def wait_first_exit(self, should_stop: Callable[[], bool]) -> Child | None:
+        """Block until a child ends (returned) or `should_stop()` (None is returned)."""
+        while not should_stop():
+            for child in self.children:
+                if not child.running():
+                    return child
+            time.sleep(POLL_INTERVAL_S)
+        return None
+
+    def stop(self, timeout_s: float = STOP_TIMEOUT_S) -> None:
+        """SIGTERM every child, wait for all under one deadline, SIGKILL the rest."""
+        for child in self.children:
+            child.signal(signal.SIGTERM)
+        deadline = time.monotonic() + timeout_s
+        for child in self.children:
+            if child.wait(deadline - time.monotonic()) is None:
+                child.kill()
+        self.children.clear()
+
+
+def _answers(child: Child, url: str) -> bool:
+    child.check_running()
+    try:
+        with urllib.request.urlopen(url, timeout=1) as response:
+            return bool(response.status == 200)
+    except (urllib.error.URLError, OSError):
+        return False
+
+
+def _registered(child: Child, connection: redis.Redis) -> bool:
+    child.check_running()
+    return any(worker.pid == child.pid for worker in Worker.all(connection=connection))

@@ -1,0 +1,33 @@
+-- ADMIT: the job library's KEYS and ARGV[1..26] (library.lua), then
+-- KEYS[2] recent job ids (list, newest first), KEYS[3] rejection counts (hash),
+-- KEYS[4] the owner's unfinished job ids (set).
+-- ARGV[27] job id, ARGV[28] limit, ARGV[29] queued lease (ms), ARGV[30] owner, ARGV[31] model,
+-- ARGV[32] the most expired leases to reap first, ARGV[33] how many recent job ids to keep,
+-- ARGV[34] the error type a refusal is counted under, ARGV[35] the owner's own limit
+-- (0: none), ARGV[36] the error type an owner's refusal is counted under.
+-- Returns {1, in_flight} when admitted, {0, in_flight} when the global limit is reached,
+-- {-1, owner_in_flight} when the owner's limit is; each followed by the ids of running jobs
+-- the reaping failed with the lease-expired error (their RQ registries still call them started).
+local id, limit, lease_ms = ARGV[27], tonumber(ARGV[28]), tonumber(ARGV[29])
+local now, stamp = now_ms()
+local lost = reap(now, tonumber(ARGV[32]))
+local owner_limit = tonumber(ARGV[35])
+if owner_limit > 0 then
+  local owner_in_flight = redis.call('SCARD', KEYS[4])
+  if owner_in_flight >= owner_limit then
+    redis.call('HINCRBY', KEYS[3], ARGV[36], 1)
+    return {-1, owner_in_flight, unpack(lost)}
+  end
+end
+local in_flight = redis.call('ZCARD', LEASES)
+if in_flight >= limit then
+  redis.call('HINCRBY', KEYS[3], ARGV[34], 1)
+  return {0, in_flight, unpack(lost)}
+end
+redis.call('ZADD', LEASES, now + lease_ms, id)
+redis.call('SADD', KEYS[4], id)
+redis.call('HSET', key(T_HASH, id), F_STATUS, S_QUEUED, F_OWNER, ARGV[30], F_MODEL, ARGV[31],
+  F_CREATED_AT, stamp, F_NEXT_SEQ, 0, F_OWNER_JOBS, KEYS[4])
+redis.call('LPUSH', KEYS[2], id)
+redis.call('LTRIM', KEYS[2], 0, tonumber(ARGV[33]) - 1)
+return {1, in_flight + 1, unpack(lost)}

@@ -1,0 +1,99 @@
+-- The job library, prepended (after clock.lua) to every script that may end a job.
+-- KEYS[1]  the lease set (`keys.leases()`)
+-- KEYS[#KEYS]  the webhook delivery list (`keys.webhook_deliveries()`), always last
+-- ARGV[1..4]  key templates: job hash, event log, channel, text (`keys.JOB_KEY_TEMPLATES`)
+-- ARGV[5]  event log MAXLEN (approximate)
+-- ARGV[6]  result TTL in seconds
+-- ARGV[7..20]  the job hash's field names, bound below as F_* (`jobs.JobField`)
+-- ARGV[21..25]  job statuses, bound below as S_* (`jobs.JobStatus`); both in the order of
+--               `scripts.LIBRARY_NAMES`, which a test pins to these bindings
+-- ARGV[26]  the errors scripts end jobs with, JSON: {lease_expired, queue_wait_expired,
+--           cancelled_before_start} each {type, message, event} (`shared.errors`); decoded
+--           only by a script that ends a job with one
+-- Script-specific arguments start at ARGV[27].
+-- Spelled here, not passed in: the event log's entry field `e` (`api.streams` reads it), the
+-- delivery record's keys (`api.webhook_queue.Delivery`) and the webhook event names `start`
+-- and `completed` (`api.webhook_policy.WEBHOOK_EVENTS`): formats defined above `shared`.
+local LEASES = KEYS[1]
+local WEBHOOK_DELIVERIES = KEYS[#KEYS]
+local T_HASH, T_LOG, T_CHAN, T_TEXT = ARGV[1], ARGV[2], ARGV[3], ARGV[4]
+local LOG_MAXLEN = ARGV[5]
+local RESULT_TTL = tonumber(ARGV[6])
+local F_STATUS, F_NEXT_SEQ, F_OWNER, F_OWNER_JOBS, F_MODEL, F_WORKER, F_CREATED_AT,
+  F_STARTED_AT, F_FINISHED_AT, F_CANCEL_REQUESTED, F_ERROR_TYPE, F_ERROR_MESSAGE, F_WEBHOOK,
+  F_WEBHOOK_EVENTS = unpack(ARGV, 7, 20)
+local S_QUEUED, S_RUNNING, S_FAILED, S_CANCELLED, S_EXPIRED = unpack(ARGV, 21, 25)
+local script_errors
+
+-- The error `name` of ARGV[26]: {type, message, event}.
+local function script_error(name)
+  script_errors = script_errors or cjson.decode(ARGV[26])
+  return script_errors[name]
+end
+
+local function key(template, id)
+  return (string.gsub(template, '{id}', id))
+end
+
+local function emit(id, event)
+  local seq = redis.call('HINCRBY', key(T_HASH, id), F_NEXT_SEQ, 1) - 1
+  local payload = '{"seq":' .. seq .. ',' .. string.sub(event, 2)
+  redis.call('XADD', key(T_LOG, id), 'MAXLEN', '~', LOG_MAXLEN, '1-' .. seq, 'e', payload)
+  redis.call('PUBLISH', key(T_CHAN, id), payload)
+  return seq
+end
+
+-- Queue a webhook delivery of `event` ('start' or 'completed') if the job's filter has it.
+local function webhook(id, event)
+  local hook = redis.call('HMGET', key(T_HASH, id), F_WEBHOOK, F_WEBHOOK_EVENTS)
+  if hook[1] and string.find(',' .. (hook[2] or '') .. ',', ',' .. event .. ',', 1, true) then
+    redis.call('LPUSH', WEBHOOK_DELIVERIES, cjson.encode({job_id = id, event = event, attempt = 0}))
+  end
+end
+
+local function finish(id, status, fields, event)
+  local h = key(T_HASH, id)
+  local current = redis.call('HGET', h, F_STATUS)
+  if current ~= S_QUEUED and current ~= S_RUNNING then  -- unknown, or terminal already
+    return false
+  end
+  local _, stamp = now_ms()
+  redis.call('HSET', h, F_STATUS, status, F_FINISHED_AT, stamp)
+  for field, value in pairs(fields) do
+    redis.call('HSET', h, field, tostring(value))
+  end
+  emit(id, event)
+  webhook(id, 'completed')
+  redis.call('ZREM', LEASES, id)
+  local owner_jobs = redis.call('HGET', h, F_OWNER_JOBS)
+  if owner_jobs then
+    redis.call('SREM', owner_jobs, id)
+  end
+  redis.call('EXPIRE', h, RESULT_TTL)
+  redis.call('EXPIRE', key(T_LOG, id), RESULT_TTL)
+  redis.call('EXPIRE', key(T_TEXT, id), RESULT_TTL)
+  return true
+end
+
+-- End the job with `status` and the error named `name` in ARGV[26].
+local function fail(id, status, name)
+  local err = script_error(name)
+  local fields = {[F_ERROR_TYPE] = err.type, [F_ERROR_MESSAGE] = err.message}
+  return finish(id, status, fields, err.event)
+end
+
+local function reap(now, max)
+  local expired = redis.call('ZRANGEBYSCORE', LEASES, '-inf', now, 'LIMIT', 0, max)
+  local lost = {}
+  for _, id in ipairs(expired) do
+    local current = redis.call('HGET', key(T_HASH, id), F_STATUS)
+    if current == S_RUNNING then
+      fail(id, S_FAILED, 'lease_expired')
+      table.insert(lost, id)
+    elseif current == S_QUEUED then
+      fail(id, S_EXPIRED, 'queue_wait_expired')
+    end
+    redis.call('ZREM', LEASES, id)
+  end
+  return lost
+end

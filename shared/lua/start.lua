@@ -1,0 +1,22 @@
+-- START: the job library's KEYS and ARGV[1..26] (library.lua), then
+-- ARGV[27] job id, ARGV[28] worker name, ARGV[29] lease TTL (ms), ARGV[30] Started event.
+-- Returns the running status when this worker now owns the job, else the status that stops
+-- it (expired when its queue wait ran out, or the terminal status it already has); false
+-- when the job is unknown. Queues the job's `start` webhook delivery, if it has one.
+local id = ARGV[27]
+local h = key(T_HASH, id)
+local current = redis.call('HGET', h, F_STATUS)
+if current ~= S_QUEUED then
+  return current
+end
+local now, stamp = now_ms()
+local expiry = redis.call('ZSCORE', LEASES, id)
+if (not expiry) or tonumber(expiry) <= now then
+  fail(id, S_EXPIRED, 'queue_wait_expired')
+  return S_EXPIRED
+end
+redis.call('HSET', h, F_STATUS, S_RUNNING, F_STARTED_AT, stamp, F_WORKER, ARGV[28])
+redis.call('ZADD', LEASES, now + tonumber(ARGV[29]), id)
+emit(id, ARGV[30])
+webhook(id, 'start')
+return S_RUNNING

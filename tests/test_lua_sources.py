@@ -1,0 +1,127 @@
+"""The Lua sources: package resources with a header each, spelling no name Python owns."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+
+from tokenrelay.shared import errors, scripts
+from tokenrelay.shared.jobs import JobField, JobStatus
+from tokenrelay.shared.settings import Settings
+
+ROOT = Path(__file__).resolve().parent.parent
+SCRIPT_NAMES = (
+    "ADMIT",
+    "START",
+    "EMIT",
+    "FINISH",
+    "CANCEL",
+    "REAP",
+    "RENEW",
+    "REGISTER_WORKER",
+    "LIVE_MODELS",
+    "WEBHOOK_TICK",
+    "WEBHOOK_RESCHEDULE",
+    "WEBHOOK_RELEASE",
+)
+_TIME_CALL = re.compile(r"""redis\.p?call\(\s*['"]TIME['"]""")
+_BINDING = re.compile(r"local ([FS]_\w+(?:,\s*[FS]_\w+)*) = unpack\(ARGV, (\d+), (\d+)\)")
+_STRING_LITERAL = re.compile(r"""'((?:[^'\\]|\\.)*)'|"((?:[^"\\]|\\.)*)\"""")
+
+
+def lua(name: str) -> str:
+    return (scripts.LUA_SOURCES / name).read_text(encoding="utf-8")
+
+
+def literals(source: str) -> set[str]:
+    """The string literals of a Lua source, comments left out."""
+    code = "\n".join(line.split("--", 1)[0] for line in source.splitlines())
+    return {single or double for single, double in _STRING_LITERAL.findall(code)}
+
+
+def error_classes(cls: type[errors.TokenrelayError]) -> list[type[errors.TokenrelayError]]:
+    return [cls, *(sub for child in cls.__subclasses__() for sub in error_classes(child))]
+
+
+LUA_FILES = sorted(path.name for path in (ROOT / "shared" / "lua").glob("*.lua"))
+SOURCES = [getattr(scripts, name) for name in SCRIPT_NAMES]
+JOB_FILES = [
+    name
+    for name in LUA_FILES
+    if any(lua(name) in source and lua("library.lua") in source for source in SOURCES)
+]
+ERROR_TYPES = {cls.error_type for cls in error_classes(errors.TokenrelayError)}
+ERROR_MESSAGES = {
+    value
+    for cls in error_classes(errors.TokenrelayError)
+    for name, value in vars(cls).items()
+    if name.endswith("_MESSAGE")
+}
+
+
+def test_every_lua_file_is_a_package_resource_used_by_a_script() -> None:
+    installed = sorted(p.name for p in scripts.LUA_SOURCES.iterdir() if p.name.endswith(".lua"))
+    assert installed == LUA_FILES
+    assert "library.lua" in JOB_FILES
+    for name in LUA_FILES:
+        assert any(lua(name) in source for source in SOURCES), f"{name} is in no script"
+
+
+@pytest.mark.parametrize("name", LUA_FILES)
+def test_each_lua_file_opens_with_a_header_naming_its_keys_and_argv(name: str) -> None:
+    source = lua(name)
+    header = "\n".join(line for line in source.splitlines() if line.startswith("--"))
+    assert source.startswith("-- ")
+    assert "KEYS" in header and "ARGV" in header
+
+
+def test_only_the_clock_helper_calls_time() -> None:
+    for name in LUA_FILES:
+        assert len(_TIME_CALL.findall(lua(name))) == (name == "clock.lua"), name
+    clock = lua("clock.lua")
+    helper = clock[clock.index("local function now_ms()") :]
+    assert _TIME_CALL.search(helper[: helper.index("\nend")])
+
+
+@pytest.mark.parametrize("name", LUA_FILES)
+def test_lua_spells_no_error_type_or_message(name: str) -> None:
+    source = lua(name)
+    assert not literals(source) & ERROR_TYPES
+    assert not [message for message in ERROR_MESSAGES if message in source]
+
+
+@pytest.mark.parametrize("name", JOB_FILES)
+def test_job_scripts_spell_no_job_status_or_hash_field(name: str) -> None:
+    names = {str(status) for status in JobStatus} | {str(field) for field in JobField}
+    assert not literals(lua(name)) & names
+
+
+def test_no_lua_is_left_in_python_modules() -> None:
+    for package in ("api", "worker", "shared", "cli"):
+        for path in (ROOT / package).rglob("*.py"):
+            assert "redis.call(" not in path.read_text(encoding="utf-8"), path
+
+
+def test_library_names_are_passed_in_the_order_lua_binds_them() -> None:
+    library = lua("library.lua")
+    bound: list[str] = []
+    for names, first, last in _BINDING.findall(library):
+        assert int(first) == 7 + len(bound)
+        bound += re.split(r",\s*", names)
+        assert int(last) == 6 + len(bound)
+    fields = set(JobField)
+    assert bound == [
+        f"F_{JobField(name).name}" if name in fields else f"S_{JobStatus(name).name}"
+        for name in scripts.LIBRARY_NAMES
+    ]
+    assert 6 + len(bound) + 1 == scripts.LIBRARY_ARGC
+    assert f"cjson.decode(ARGV[{scripts.LIBRARY_ARGC}])" in library
+    assert f"arguments start at ARGV[{scripts.LIBRARY_ARGC + 1}]" in library
+
+
+def test_library_scripts_take_the_documented_header() -> None:
+    call = scripts.reap(Settings())
+    assert len(call.args) == scripts.LIBRARY_ARGC + 1
+    assert call.source.index("local function now_ms()") < call.source.index("local LEASES")
