@@ -8,12 +8,15 @@ before the end cancels its job, unless the route lets the job run on without a l
 
 from __future__ import annotations
 
+import json
+import time
 from abc import ABC, abstractmethod
 from collections.abc import AsyncIterator
 from typing import Protocol
 
 from redis.exceptions import RedisError
 
+from tokenrelay.api import sse
 from tokenrelay.api.job_control import cancel_quietly
 from tokenrelay.api.state import AppState
 from tokenrelay.api.stream_observer import observe_events
@@ -70,6 +73,27 @@ class GenerationRenderer(ABC):
 
     @abstractmethod
     def end(self) -> bytes | None: ...
+
+
+class OpenAIStreamRenderer(GenerationRenderer):
+    """OpenAI's stream framing, shared by chat and text completions: the response id and
+    creation time of every chunk, an error as `data: {"error": {...}}` (vLLM's shape), ping
+    comments and `data: [DONE]`."""
+
+    def __init__(self, response_id: str, model: str, include_usage: bool) -> None:
+        self._id = response_id
+        self._model = model
+        self._created = int(time.time())
+        self._include_usage = include_usage
+
+    def error(self, exc: TokenrelayError) -> bytes:
+        return sse.encode(json.dumps(exc.body()))
+
+    def ping(self) -> bytes:
+        return sse.comment()
+
+    def end(self) -> bytes:
+        return sse.encode("[DONE]")
 
 
 async def relay(

@@ -11,7 +11,6 @@ import subprocess
 import tempfile
 import time
 from pathlib import Path
-from types import TracebackType
 
 
 def find_redis_server() -> str:
@@ -88,11 +87,6 @@ class EmbeddedRedis:
         self.start()
         return self
 
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
+    def __exit__(self, *exc_info: object) -> None:
         self.stop()
         shutil.rmtree(self._dir, ignore_errors=True)

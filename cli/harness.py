@@ -18,7 +18,6 @@ import urllib.request
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from types import TracebackType
 
 import redis
 from rq import Worker
@@ -32,6 +31,17 @@ _LOG_TAIL_BYTES = 4000
 def tokenrelay_command(*args: str) -> list[str]:
     """The command line of a `tokenrelay` subcommand in a child process."""
     return [sys.executable, "-P", "-m", "tokenrelay.cli", *args]
+
+
+def tokenrelay_env(redis_url: str, model: str, served_model_name: str) -> dict[str, str]:
+    """The settings every process of one tokenrelay cluster shares, offline."""
+    return {
+        "TOKENRELAY_REDIS_URL": redis_url,
+        "TOKENRELAY_MODEL": model,
+        "TOKENRELAY_SERVED_MODEL_NAME": served_model_name,
+        "HF_HUB_OFFLINE": "1",
+        "PYTHONUNBUFFERED": "1",
+    }
 
 
 def eventually(
@@ -109,12 +119,7 @@ class ProcessGroup:
     def __enter__(self) -> ProcessGroup:
         return self
 
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
+    def __exit__(self, *exc_info: object) -> None:
         self.stop()
 
     def spawn(

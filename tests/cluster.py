@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from tokenrelay.cli.embedded_redis import EmbeddedRedis, free_port
-from tokenrelay.cli.harness import Child, ProcessGroup
+from tokenrelay.cli.harness import Child, ProcessGroup, tokenrelay_env
 
 MODEL_NAME = "tiny"
 
@@ -38,14 +38,7 @@ class Cluster:
         return f"http://127.0.0.1:{self.api_port}"
 
     def env(self) -> dict[str, str]:
-        return {
-            "TOKENRELAY_REDIS_URL": self.redis_url,
-            "TOKENRELAY_MODEL": str(self.model_dir),
-            "TOKENRELAY_SERVED_MODEL_NAME": MODEL_NAME,
-            "HF_HUB_OFFLINE": "1",
-            "PYTHONUNBUFFERED": "1",
-            **self.settings,
-        }
+        return tokenrelay_env(self.redis_url, str(self.model_dir), MODEL_NAME) | self.settings
 
     def start_api(self, workers: int = 1) -> Child:
         self.api_port = free_port()

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import time
 
 from fastapi import APIRouter, Request
@@ -22,10 +21,9 @@ from tokenrelay.api.openai_schema import (
     ChunkChoice,
     Delta,
 )
-from tokenrelay.api.relay import GenerationRenderer, collect, relay
+from tokenrelay.api.relay import OpenAIStreamRenderer, collect, relay
 from tokenrelay.api.state import AppState
 from tokenrelay.api.stream_start import first_output
-from tokenrelay.shared.errors import TokenrelayError
 from tokenrelay.shared.events import Done, Usage
 
 router = APIRouter(prefix="/v1", tags=["chat"], responses=SUBMIT_ERRORS)
@@ -57,15 +55,12 @@ async def _complete(state: AppState, job_id: str, model: str) -> ChatCompletion:
     )
 
 
-class _ChatSSE(GenerationRenderer):
+class _ChatSSE(OpenAIStreamRenderer):
     """OpenAI's chat completion chunks: a role chunk, content chunks, a finish chunk (and a
     usage chunk if asked), then `[DONE]`."""
 
     def __init__(self, job_id: str, model: str, include_usage: bool) -> None:
-        self._id = f"chatcmpl-{job_id}"
-        self._model = model
-        self._created = int(time.time())
-        self._include_usage = include_usage
+        super().__init__(f"chatcmpl-{job_id}", model, include_usage)
         self._content = sse.TextFrames(
             lambda text: ChatCompletionChunk(
                 id=self._id,
@@ -87,16 +82,6 @@ class _ChatSSE(GenerationRenderer):
         if self._include_usage:
             out += self._usage(event.usage)
         return out
-
-    def error(self, exc: TokenrelayError) -> bytes:
-        """An error after the stream started: vLLM's shape, `data: {"error": {...}}`."""
-        return sse.encode(json.dumps(exc.body()))
-
-    def ping(self) -> bytes:
-        return sse.comment()
-
-    def end(self) -> bytes:
-        return sse.encode("[DONE]")
 
     def _delta(self, delta: Delta, finish_reason: str | None = None) -> bytes:
         choice = ChunkChoice(delta=delta, finish_reason=finish_reason)

@@ -2,9 +2,6 @@
 
 from __future__ import annotations
 
-import json
-import time
-
 from fastapi import APIRouter, Request
 from starlette.responses import StreamingResponse
 
@@ -14,9 +11,8 @@ from tokenrelay.api.error_docs import SUBMIT_ERRORS
 from tokenrelay.api.job_control import submit
 from tokenrelay.api.model_routing import check_model
 from tokenrelay.api.openai_schema import Completion, CompletionChoice, CompletionRequest
-from tokenrelay.api.relay import GenerationRenderer, collect, relay
+from tokenrelay.api.relay import OpenAIStreamRenderer, collect, relay
 from tokenrelay.api.stream_start import first_output
-from tokenrelay.shared.errors import TokenrelayError
 from tokenrelay.shared.events import Done
 
 router = APIRouter(prefix="/v1", tags=["completions"], responses=SUBMIT_ERRORS)
@@ -38,12 +34,12 @@ async def create_completion(
     return render.completion(text, done.finish_reason, done)
 
 
-class _CompletionSSE(GenerationRenderer):
+class _CompletionSSE(OpenAIStreamRenderer):
+    """OpenAI's text completion chunks, a finish chunk (and a usage chunk if asked), then
+    `[DONE]`; also builds the non-streamed `Completion`."""
+
     def __init__(self, job_id: str, model: str, include_usage: bool) -> None:
-        self._id = f"cmpl-{job_id}"
-        self._model = model
-        self._created = int(time.time())
-        self._include_usage = include_usage
+        super().__init__(f"cmpl-{job_id}", model, include_usage)
         self._text = sse.TextFrames(
             lambda text: self.completion(text, None, None).model_dump_json()
         )
@@ -69,12 +65,3 @@ class _CompletionSSE(GenerationRenderer):
             )
             out += sse.encode(usage.model_dump_json())
         return out
-
-    def error(self, exc: TokenrelayError) -> bytes:
-        return sse.encode(json.dumps(exc.body()))
-
-    def ping(self) -> bytes:
-        return sse.comment()
-
-    def end(self) -> bytes:
-        return sse.encode("[DONE]")

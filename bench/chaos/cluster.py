@@ -11,10 +11,9 @@ from __future__ import annotations
 import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
-from types import TracebackType
 
 from tokenrelay.cli.embedded_redis import EmbeddedRedis, free_port
-from tokenrelay.cli.harness import Child, ProcessGroup
+from tokenrelay.cli.harness import Child, ProcessGroup, tokenrelay_env
 
 MODEL_NAME = "tiny"
 
@@ -44,14 +43,9 @@ class ChaosCluster:
         self.redis_server.start()
         return self
 
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
+    def __exit__(self, *exc_info: object) -> None:
         self.group.stop()
-        self.redis_server.__exit__(exc_type, exc, tb)
+        self.redis_server.__exit__()
 
     @property
     def redis_url(self) -> str:
@@ -59,14 +53,7 @@ class ChaosCluster:
 
     def env(self) -> dict[str, str]:
         """What every started process gets on top of this process's environment."""
-        return {
-            "TOKENRELAY_REDIS_URL": self.redis_url,
-            "TOKENRELAY_MODEL": str(self.model_dir),
-            "TOKENRELAY_SERVED_MODEL_NAME": MODEL_NAME,
-            "HF_HUB_OFFLINE": "1",
-            "PYTHONUNBUFFERED": "1",
-            **self.settings,
-        }
+        return tokenrelay_env(self.redis_url, str(self.model_dir), MODEL_NAME) | self.settings
 
     def start_api(self, port: int | None = None) -> int:
         """Start one API process (on `port` again after a kill); returns its port."""
