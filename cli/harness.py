@@ -28,9 +28,10 @@ POLL_INTERVAL_S = 0.05
 _LOG_TAIL_BYTES = 4000
 
 
-def tokenrelay_command(*args: str) -> list[str]:
-    """The command line of a `tokenrelay` subcommand in a child process."""
-    return [sys.executable, "-P", "-m", "tokenrelay.cli", *args]
+def tokenrelay_command(*args: str, python: str = sys.executable) -> list[str]:
+    """The command line of a `tokenrelay` subcommand in a child process (run by `python`:
+    ours, or another environment's, such as the vLLM engine's)."""
+    return [python, "-P", "-m", "tokenrelay.cli", *args]
 
 
 def tokenrelay_env(redis_url: str, model: str, served_model_name: str) -> dict[str, str]:
@@ -168,9 +169,12 @@ class ProcessGroup:
         demo: bool = False,
         env: Mapping[str, str] | None = None,
         ready_timeout_s: float = READY_TIMEOUT_S,
+        python: str = sys.executable,
     ) -> Child:
-        """`tokenrelay worker`; returns once it has registered with RQ in `redis_url`."""
-        child = self.spawn("worker", tokenrelay_command("worker", *(["--demo"] * demo)), env)
+        """`tokenrelay worker` (run by `python`); returns once it has registered with RQ in
+        `redis_url`."""
+        command = tokenrelay_command("worker", *(["--demo"] * demo), python=python)
+        child = self.spawn("worker", command, env)
         with redis.Redis.from_url(redis_url) as connection:
             eventually(
                 lambda: _registered(child, connection),

@@ -56,7 +56,7 @@ def _parser() -> argparse.ArgumentParser:
 
     tiny = commands.add_parser("make-tiny-model", help="write a random-weight Qwen2 checkpoint")
     tiny.add_argument("directory", type=Path)
-    tiny.add_argument("--shape", default="tiny", choices=("tiny", "qwen2-0.5b"))
+    tiny.add_argument("--shape", default="tiny", choices=("tiny", "tiny-h32", "qwen2-0.5b"))
     tiny.add_argument("--seed", type=int, default=0)
     tiny.set_defaults(handler=_make_tiny_model)
 

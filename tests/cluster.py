@@ -8,6 +8,7 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from tokenrelay.cli.embedded_redis import EmbeddedRedis, free_port
 from tokenrelay.cli.harness import Child, ProcessGroup, tokenrelay_env
@@ -44,8 +45,10 @@ class Cluster:
         self.api_port = free_port()
         return self.group.start_api(self.api_port, workers=workers, env=self.env())
 
-    def start_worker(self, extra_env: dict[str, str] | None = None) -> Child:
-        return self.group.start_worker(self.redis_url, env=self.env() | (extra_env or {}))
+    def start_worker(self, extra_env: dict[str, str] | None = None, **options: Any) -> Child:
+        """A worker with `extra_env` on top of `env()`; `options` go to `start_worker`."""
+        env = self.env() | (extra_env or {})
+        return self.group.start_worker(self.redis_url, env=env, **options)
 
     def stop(self) -> None:
         self.group.stop()

@@ -157,6 +157,15 @@ def test_qwen2_05b_config_matches_qwen2_05b_instruct() -> None:
     assert config.rms_norm_eps == 1e-6
 
 
+@pytest.mark.parametrize(("shape", "head_size"), [("tiny", 16), ("tiny-h32", 32)])
+def test_tiny_shapes_differ_only_in_head_size(shape: str, head_size: int) -> None:
+    """vLLM's CPU attention needs a head size of 32 or more: "tiny-h32" has it."""
+    config = qwen2_config(shape, vocab_size=1254)
+    assert config.hidden_size // config.num_attention_heads == head_size
+    assert (config.num_hidden_layers, config.num_attention_heads) == (2, 4)
+    assert config.vocab_size == 1254
+
+
 def test_qwen2_config_rejects_bad_input() -> None:
     with pytest.raises(ValueError, match="unknown shape"):
         qwen2_config("qwen2-72b", vocab_size=1000)

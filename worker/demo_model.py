@@ -12,14 +12,16 @@ from tokenrelay.worker.tiny_model import build_tiny_model
 DEMO_DIR_NAME = "demo-model"
 
 
-def ensure_demo_model(cache_dir: str) -> Path:
-    """The demo model's directory, built on first use (safe against concurrent builders)."""
-    target = Path(cache_dir).expanduser() / DEMO_DIR_NAME
+def ensure_demo_model(cache_dir: str, shape: str = "tiny") -> Path:
+    """The demo model's directory (of `shape`), built on first use (safe against concurrent
+    builders)."""
+    name = DEMO_DIR_NAME if shape == "tiny" else f"{DEMO_DIR_NAME}-{shape}"
+    target = Path(cache_dir).expanduser() / name
     if (target / "config.json").exists():
         return target
     target.parent.mkdir(parents=True, exist_ok=True)
     staging = Path(tempfile.mkdtemp(prefix=".demo-model-", dir=target.parent))
-    build_tiny_model(staging)
+    build_tiny_model(staging, shape=shape)
     try:
         os.rename(staging, target)
     except OSError:

@@ -33,11 +33,26 @@ def build_engine(settings: Settings) -> Engine:
     if settings.engine == "synthetic":
         log.warning("synthetic engine: tokens are placeholders, for benchmarks only")
         return SyntheticEngine(settings.synthetic_tokens_per_s, settings.synthetic_first_token_ms)
+    if settings.engine == "vllm":
+        from tokenrelay.worker.vllm_engine import VllmEngine
+
+        return VllmEngine(
+            settings.model,
+            settings.device,
+            settings.dtype,
+            settings.worker_max_prefill_tokens,
+            settings.worker_concurrency,
+        )
     from tokenrelay.worker.transformers_engine import TransformersEngine
 
     return TransformersEngine(
         settings.model, settings.device, settings.dtype, settings.worker_max_prefill_tokens
     )
+
+
+def _demo_shape(settings: Settings) -> str:
+    """vLLM's CPU attention needs a head size of at least 32, which "tiny" (16) lacks."""
+    return "tiny-h32" if settings.engine == "vllm" else "tiny"
 
 
 def run_worker(settings: Settings, *, demo: bool = False) -> int:
@@ -48,7 +63,7 @@ def run_worker(settings: Settings, *, demo: bool = False) -> int:
 
         settings = settings.model_copy(
             update={
-                "model": str(ensure_demo_model(settings.cache_dir)),
+                "model": str(ensure_demo_model(settings.cache_dir, _demo_shape(settings))),
                 "served_model_name": settings.served_model_name or DEMO_MODEL_NAME,
             }
         )

@@ -8,7 +8,8 @@ touching the Hugging Face hub:
   pre-tokenizer, so the reloaded `Qwen2Tokenizer` (which rebuilds its pipeline from the
   vocabulary and merges) tokenizes exactly like the trained one;
 - the ChatML special tokens and Qwen2-Instruct's chat template and generation defaults;
-- a `Qwen2ForCausalLM` of shape "tiny" (fast) or "qwen2-0.5b" (Qwen2-0.5B-Instruct's shape).
+- a `Qwen2ForCausalLM` of shape "tiny" (fast), "tiny-h32" (as small, with the head size of
+  32 that vLLM's CPU attention needs at least) or "qwen2-0.5b" (Qwen2-0.5B-Instruct's shape).
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ from tokenizers.trainers import BpeTrainer
 from transformers import GenerationConfig, Qwen2Config, Qwen2ForCausalLM
 from transformers.models.qwen2.tokenization_qwen2 import PRETOKENIZE_REGEX
 
-TINY_SHAPES: tuple[str, ...] = ("tiny", "qwen2-0.5b")
+TINY_SHAPES: tuple[str, ...] = ("tiny", "tiny-h32", "qwen2-0.5b")
 
 ENDOFTEXT = "<|endoftext|>"
 IM_START = "<|im_start|>"
@@ -114,14 +115,15 @@ def train_tokenizer(corpus: str = CORPUS) -> Tokenizer:
 def qwen2_config(shape: str, vocab_size: int) -> Qwen2Config:
     """Return the `Qwen2Config` of `shape` (one of `TINY_SHAPES`) for a tokenizer of `vocab_size`.
 
-    "tiny" sizes its embeddings to the tokenizer; "qwen2-0.5b" keeps Qwen2-0.5B-Instruct's
-    151936 rows, so the tokenizer must fit inside them.
+    "tiny" and "tiny-h32" size their embeddings to the tokenizer; "qwen2-0.5b" keeps
+    Qwen2-0.5B-Instruct's 151936 rows, so the tokenizer must fit inside them.
     """
-    if shape == "tiny":
+    if shape in ("tiny", "tiny-h32"):
+        head_size = 16 if shape == "tiny" else 32
         return Qwen2Config(
             vocab_size=vocab_size,
-            hidden_size=64,
-            intermediate_size=128,
+            hidden_size=4 * head_size,
+            intermediate_size=8 * head_size,
             num_hidden_layers=2,
             num_attention_heads=4,
             num_key_value_heads=2,

@@ -16,20 +16,16 @@ more are trimmed, so the cache never holds more than the longest row.
 
 from __future__ import annotations
 
-import socket
 from collections.abc import Sequence
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
-from urllib.parse import urlparse
 
 import torch
 
 from tokenrelay.shared.generation import ChatMessage
 from tokenrelay.worker.engine import IncrementalDecoder, ModelLoadError, SamplingParams, TokenOutput
+from tokenrelay.worker.model_files import DecodeStreamDecoder, check_reachable
 from tokenrelay.worker.sampling import new_generator, sample_token
-
-_HUB_PROBE_TIMEOUT_S = 5.0
 
 
 @dataclass
@@ -52,17 +48,6 @@ class _Joiner:
     cache: Any = None
 
 
-class _DecodeStreamDecoder:
-    def __init__(self, backend: Any) -> None:
-        from tokenizers.decoders import DecodeStream
-
-        self._backend = backend
-        self._stream = DecodeStream(skip_special_tokens=True)
-
-    def step(self, token_id: int) -> str:
-        return self._stream.step(self._backend, token_id) or ""
-
-
 class TransformersEngine:
     def __init__(
         self,
@@ -78,7 +63,7 @@ class TransformersEngine:
         self.device = device
         if dtype == "auto":
             dtype = "bfloat16" if device == "cuda" else "float32"
-        _check_reachable(model_name)
+        check_reachable(model_name)
         try:
             self.tokenizer = AutoTokenizer.from_pretrained(model_name)
             model_class: Any = AutoModelForCausalLM
@@ -127,7 +112,7 @@ class TransformersEngine:
         return self._defaults
 
     def new_decoder(self) -> IncrementalDecoder:
-        return _DecodeStreamDecoder(self.tokenizer.backend_tokenizer)
+        return DecodeStreamDecoder(self.tokenizer.backend_tokenizer)
 
     def tokenizer_json(self) -> str | None:
         return str(self.tokenizer.backend_tokenizer.to_str())
@@ -285,35 +270,3 @@ def _pad_left(tensor: torch.Tensor, width: int, dim: int) -> torch.Tensor:
     shape = list(tensor.shape)
     shape[dim] = missing
     return torch.cat([tensor.new_zeros(shape), tensor], dim=dim)
-
-
-def _check_reachable(model_name: str) -> None:
-    """Fail in seconds, not after the hub client's minute of retries, when a model that is
-    neither a local directory nor in the Hugging Face cache cannot be downloaded."""
-    if Path(model_name).is_dir():
-        return
-    from huggingface_hub import constants, try_to_load_from_cache
-
-    try:
-        cached = try_to_load_from_cache(model_name, "config.json")
-    except ValueError as exc:
-        raise ModelLoadError(
-            f"could not load model {model_name!r}: not a local directory and not a hub id ({exc})"
-        ) from exc
-    if isinstance(cached, str):
-        return
-    if constants.HF_HUB_OFFLINE:
-        raise ModelLoadError(
-            f"could not load model {model_name!r}: it is not a local directory, not in the "
-            "Hugging Face cache, and HF_HUB_OFFLINE is set"
-        )
-    endpoint = urlparse(constants.ENDPOINT)
-    host = endpoint.hostname or "huggingface.co"
-    port = endpoint.port or (443 if endpoint.scheme == "https" else 80)
-    try:
-        socket.create_connection((host, port), timeout=_HUB_PROBE_TIMEOUT_S).close()
-    except OSError as exc:
-        raise ModelLoadError(
-            f"could not load model {model_name!r}: it is not a local directory, not in the "
-            f"Hugging Face cache, and {host} cannot be reached ({exc})"
-        ) from exc
