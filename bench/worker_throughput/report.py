@@ -21,7 +21,10 @@ MODES: dict[str, str] = {
     "b": "(b) thread per request + `TextIteratorStreamer`",
     "c": "(c) `transformers serve --continuous-batching`",
     "d": "(d) tokenrelay: HTTP → Redis/RQ → worker → SSE",
+    "e": "(e) tokenrelay with the vLLM engine (`TOKENRELAY_ENGINE=vllm`)",
+    "f": "(f) `vllm serve` (vLLM's own OpenAI server)",
 }
+DEFAULT_MODES = ("a", "b", "c", "d")
 TARGET_SHAPE = "qwen2-0.5b"
 
 
@@ -89,9 +92,9 @@ class ShapeReport:
     #: How (c) and (d) were configured, one line each.
     setup: list[str] = field(default_factory=list)
 
-    def ratio(self, concurrency: int, over: str) -> float | None:
-        """tokens/s of (d) over mode `over` at `concurrency`."""
-        ours = self.cells.get(("d", concurrency))
+    def ratio(self, concurrency: int, over: str, ours_mode: str = "d") -> float | None:
+        """tokens/s of `ours_mode` (default (d)) over mode `over` at `concurrency`."""
+        ours = self.cells.get((ours_mode, concurrency))
         base = self.cells.get((over, concurrency))
         if ours is None or base is None:
             return None
@@ -153,7 +156,10 @@ def render(reports: list[ShapeReport], args: argparse.Namespace) -> str:
                     f"{concurrency} | {cell.tokens_per_s:.1f} | {cell.ttft_p50_s:.2f} | "
                     f"{cell.ttft_p99_s:.2f} | {cell.runs} | {cell.foreign_cpu:.0%} |"
                 )
-    lines += ["", *_ratio_table(reports, concurrencies), "", *_stagger_table(reports)]
+    lines += ["", *_ratio_table(reports, concurrencies)]
+    if any(key in ("e", "f") for report in reports for key, _ in report.cells):
+        lines += ["", *_vllm_table(reports, concurrencies)]
+    lines += ["", *_stagger_table(reports)]
     lines += ["", *_targets(reports, args.stagger_ms[0] if args.stagger_ms else None)]
     for report in reports:
         lines += _probe_lines(report) + _profile_lines(report)
@@ -182,6 +188,25 @@ def _ratio_table(reports: list[ShapeReport], concurrencies: list[int]) -> list[s
             ratios = [report.ratio(concurrency, over) for over in ("a", "b", "c")]
             cells = " | ".join("—" if r is None else f"{r:.2f}x" for r in ratios)
             lines.append(f"| {report.shape} | {concurrency} | {cells} |")
+    return lines
+
+
+def _vllm_table(reports: list[ShapeReport], concurrencies: list[int]) -> list[str]:
+    """Issue 19's comparison: tokenrelay with the vLLM engine (e) against `vllm serve` (f)
+    and against tokenrelay's own engine (d), tokens/s ratios and TTFT p50 differences."""
+    lines = [
+        "The vLLM engine, same run: tokens/s ratios, and TTFT p50 of (e) minus (f):",
+        "",
+        "| shape | concurrent | (e)/(f) | (e)/(d) | TTFT p50 (e) - (f) ms |",
+        "|---|---:|---:|---:|---:|",
+    ]
+    for report in reports:
+        for concurrency in concurrencies:
+            ratios = [report.ratio(concurrency, over, "e") for over in ("f", "d")]
+            cells = " | ".join("—" if r is None else f"{r:.2f}x" for r in ratios)
+            ours, peer = report.cells.get(("e", concurrency)), report.cells.get(("f", concurrency))
+            gap = f"{(ours.ttft_p50_s - peer.ttft_p50_s) * 1000:+.0f}" if ours and peer else "—"
+            lines.append(f"| {report.shape} | {concurrency} | {cells} | {gap} |")
     return lines
 
 

@@ -23,6 +23,12 @@ from tokenrelay.cli.harness import Child, ProcessGroup, eventually
 
 STARTUP_TIMEOUT_S = 600.0
 SERVED_MODEL_NAME = "bench"
+#: vLLM on this CPU: a KV cache (GiB) and both cores for its compute threads.
+VLLM_CPU_ENV = {
+    "VLLM_CPU_KVCACHE_SPACE": "4",
+    "VLLM_CPU_OMP_THREADS_BIND": "0-1",
+    "VLLM_CPU_NUM_OF_RESERVED_CPU": "0",
+}
 
 
 class StreamingServer(Protocol):
@@ -148,7 +154,17 @@ class TransformersServe:
 class TokenrelayStack:
     """(d): embedded Redis + `tokenrelay api` + one `tokenrelay worker`."""
 
-    def __init__(self, model_dir: Path, dtype: str, concurrency: int, log_dir: Path) -> None:
+    def __init__(
+        self,
+        model_dir: Path,
+        dtype: str,
+        concurrency: int,
+        log_dir: Path,
+        vllm_python: str | None = None,
+        device: str = "cpu",
+    ) -> None:
+        """With `vllm_python` (the vLLM environment's interpreter), the worker runs the vLLM
+        engine (`TOKENRELAY_ENGINE=vllm`) in that environment: mode (e)."""
         self.max_inflight = max(1000, 4 * concurrency)
         self._redis = EmbeddedRedis()
         self._redis.start()
@@ -160,16 +176,20 @@ class TokenrelayStack:
             "TOKENRELAY_SERVED_MODEL_NAME": SERVED_MODEL_NAME,
             "TOKENRELAY_WORKER_CONCURRENCY": str(concurrency),
             "TOKENRELAY_MAX_INFLIGHT": str(self.max_inflight),
-            "TOKENRELAY_DEVICE": "cpu",
+            "TOKENRELAY_DEVICE": device,
             "TOKENRELAY_DTYPE": dtype,
             "HF_HUB_OFFLINE": "1",
             "PYTHONUNBUFFERED": "1",
         }
+        worker_env = {"TOKENRELAY_ENGINE": "vllm", **VLLM_CPU_ENV} if vllm_python else {}
         self._group = ProcessGroup(env={**os.environ, **env}, log_dir=log_dir)
         try:
             self._api = self._group.start_api(port, ready_timeout_s=STARTUP_TIMEOUT_S)
             self._worker = self._group.start_worker(
-                self._redis.url, ready_timeout_s=STARTUP_TIMEOUT_S
+                self._redis.url,
+                env=worker_env,
+                ready_timeout_s=STARTUP_TIMEOUT_S,
+                python=vllm_python or sys.executable,
             )
         except BaseException:
             self.stop()
@@ -206,3 +226,71 @@ class TokenrelayStack:
     def stop(self) -> None:
         self._group.stop()
         self._redis.stop()
+
+
+class VllmServe:
+    """(f): vLLM's own OpenAI server (`vllm.entrypoints.openai.api_server`, from the vLLM
+    environment) on the model directory, sampling as tokenrelay does: the model's
+    `generation_config.json` temperature, top-p and top-k, sent with each request, and no
+    repetition penalty (neither tokenrelay engine applies one); EOS held back with
+    `min_tokens` as for (d) and (e)."""
+
+    def __init__(
+        self,
+        vllm_python: str,
+        model_dir: Path,
+        dtype: str,
+        concurrency: int,
+        sampling: dict,
+        log_dir: Path,
+    ) -> None:
+        self._sampling = sampling
+        port = free_port()
+        self._url = f"http://127.0.0.1:{port}"
+        command = [
+            vllm_python,
+            "-m",
+            "vllm.entrypoints.openai.api_server",
+            "--model",
+            str(model_dir),
+            "--served-model-name",
+            SERVED_MODEL_NAME,
+            "--dtype",
+            dtype,
+            "--max-num-seqs",
+            str(concurrency),
+            "--generation-config",
+            "vllm",
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(port),
+        ]
+        self._group = ProcessGroup(log_dir=log_dir)
+        self._process = self._group.spawn("vllm-serve", command, VLLM_CPU_ENV)
+        try:
+            _wait_until_responds(self._process, f"{self._url}/health")
+        except BaseException:
+            self.stop()
+            raise
+
+    @property
+    def chat_url(self) -> str:
+        return f"{self._url}/v1/chat/completions"
+
+    def request_body(self, chat: list[dict], new_tokens: int) -> dict:
+        return {
+            "model": SERVED_MODEL_NAME,
+            "messages": chat,
+            "max_tokens": new_tokens,
+            "min_tokens": new_tokens,
+            "stream": True,
+            "stream_options": {"include_usage": True},
+            **self._sampling,
+        }
+
+    def pids(self) -> dict[str, int]:
+        return {"vllm serve": self._process.pid}
+
+    def stop(self) -> None:
+        self._group.stop()
