@@ -115,7 +115,6 @@ class ProcessGroup:
     env: Mapping[str, str] = field(default_factory=lambda: dict(os.environ))
     log_dir: Path | None = None
     children: list[Child] = field(default_factory=list)
-    _spawned: int = 0
 
     def __enter__(self) -> ProcessGroup:
         return self
@@ -131,13 +130,12 @@ class ProcessGroup:
         cwd: Path | None = None,
     ) -> Child:
         """Start `command` (in `cwd`) with the group's environment updated by `env`."""
-        self._spawned += 1
         child_env = {**self.env, **(env or {})}
         if self.log_dir is None:
             process = subprocess.Popen(list(command), env=child_env, cwd=cwd)
             child = Child(name, process, None)
         else:
-            log_path = self.log_dir / f"{name}-{self._spawned}.log"
+            log_path = _free_log_path(self.log_dir, name)
             with open(log_path, "wb") as log:
                 process = subprocess.Popen(
                     list(command), env=child_env, cwd=cwd, stdout=log, stderr=subprocess.STDOUT
@@ -205,6 +203,14 @@ class ProcessGroup:
             if child.wait(deadline - time.monotonic()) is None:
                 child.kill()
         self.children.clear()
+
+
+def _free_log_path(log_dir: Path, name: str) -> Path:
+    """`<name>-<n>.log` for the first `n` not taken, so groups can share a folder."""
+    n = 1
+    while (log_dir / f"{name}-{n}.log").exists():
+        n += 1
+    return log_dir / f"{name}-{n}.log"
 
 
 def _answers(child: Child, url: str) -> bool:

@@ -42,6 +42,7 @@ def build_engine(settings: Settings) -> Engine:
             settings.dtype,
             settings.worker_max_prefill_tokens,
             settings.worker_concurrency,
+            settings.vllm_cpu_max_model_len,
         )
     from tokenrelay.worker.transformers_engine import TransformersEngine
 

@@ -14,7 +14,9 @@ transformers engine, so vLLM is told to use its own neutral defaults (`generatio
 On CPU, vLLM's chunked prefill rewinds a seeded request's generator, which CPU generators
 cannot do ("CPU Generator does not use offset" kills the engine). There, chunked prefill is
 off and a step's token budget covers the whole context window, so no prompt is ever split;
-on GPUs it is on, with `TOKENRELAY_WORKER_MAX_PREFILL_TOKENS` tokens per step.
+the window is capped at `TOKENRELAY_VLLM_CPU_MAX_MODEL_LEN` (vLLM's warm-up runs one step of
+the full budget: 32,768 tokens of Qwen2-0.5B took over ten minutes on two cores). On GPUs
+chunked prefill is on, with `TOKENRELAY_WORKER_MAX_PREFILL_TOKENS` tokens per step.
 """
 
 from __future__ import annotations
@@ -39,6 +41,7 @@ class VllmEngine:
         dtype: str = "auto",
         max_prefill_tokens: int = 2048,
         max_sequences: int = 8,
+        cpu_max_model_len: int = 4096,
     ) -> None:
         # Both must be set before vLLM is imported: it reads them once.
         os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
@@ -52,8 +55,9 @@ class VllmEngine:
         self.device = device
         check_reachable(model_name)
         self._files = ModelFiles(model_name)
-        self.max_context_tokens = self._files.max_context_tokens
         on_cpu = device == "cpu"
+        context = self._files.max_context_tokens
+        self.max_context_tokens = min(context, cpu_max_model_len) if on_cpu else context
         args = EngineArgs(
             model=model_name,
             skip_tokenizer_init=True,

@@ -328,7 +328,8 @@ class ShapeBench:
             log(f"{self.shape}: vllm serve is up")
             self.report.setup.append(
                 f"(f) `python -m vllm.entrypoints.openai.api_server --max-num-seqs {peak} "
-                f"--dtype {dtype} --generation-config vllm`, requests with {sampling} and "
+                f"--dtype {dtype} --generation-config vllm --max-model-len 4096`, requests with "
+                f"{sampling} and "
                 "`min_tokens` = `max_tokens`."
             )
             modes.append(Mode("f", partial(run_http, serve), serve))

@@ -23,6 +23,9 @@ from tokenrelay.cli.harness import Child, ProcessGroup, eventually
 
 STARTUP_TIMEOUT_S = 600.0
 SERVED_MODEL_NAME = "bench"
+#: The context window of both vLLM modes, as tokenrelay's vLLM engine caps it on CPU
+#: (TOKENRELAY_VLLM_CPU_MAX_MODEL_LEN's default): vLLM's warm-up runs one step of it.
+VLLM_CPU_MAX_MODEL_LEN = 4096
 #: vLLM on this CPU: a KV cache (GiB) and both cores for its compute threads.
 VLLM_CPU_ENV = {
     "VLLM_CPU_KVCACHE_SPACE": "4",
@@ -261,6 +264,8 @@ class VllmServe:
             str(concurrency),
             "--generation-config",
             "vllm",
+            "--max-model-len",
+            str(VLLM_CPU_MAX_MODEL_LEN),
             "--host",
             "127.0.0.1",
             "--port",
