@@ -41,6 +41,16 @@ DEFAULT_SYSTEM = "You are a helpful assistant."
 _STREAM_CONTENT_TYPE = "application/octet-stream"
 
 
+class PromptRequest(BaseModel):
+    """The first article's request body, as documented (the route reads it by hand: any
+    content type is taken as JSON)."""
+
+    prompt: str = Field(min_length=1)
+    stream: bool = False
+    max_tokens: int | None = None
+    temperature: float | None = None
+
+
 class PromptResponse(BaseModel):
     """The first article's response (and error) body."""
 
@@ -71,6 +81,12 @@ class ArticleChatResponse(BaseModel):
 @router.post(
     "/",
     response_model=PromptResponse,
+    openapi_extra={
+        "requestBody": {
+            "required": True,
+            "content": {"application/json": {"schema": PromptRequest.model_json_schema()}},
+        }
+    },
     responses={
         status: {"model": PromptResponse, "description": "Error, in the same body shape"}
         for status in (400, 401, 404, 413, 429, 503)
@@ -149,6 +165,8 @@ async def _json_object(http: Request) -> dict[str, Any]:
         body = json.loads(await http.body())
     except (ValueError, UnicodeDecodeError):
         raise InvalidRequest("the request body is not valid JSON") from None
+    except RecursionError:
+        raise InvalidRequest("the request body is not valid JSON: nested too deeply") from None
     if not isinstance(body, dict):
         raise InvalidRequest("the request body must be a JSON object")
     return body
