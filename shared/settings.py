@@ -51,6 +51,10 @@ class Settings(BaseSettings):
     event_log_maxlen: int = Field(default=20_000, ge=100)
     sse_ping_s: float = Field(default=15.0, gt=0)
     max_request_bytes: int = Field(default=1_048_576, ge=1)
+    api_header_timeout_s: float = Field(default=10.0, gt=0)
+    api_body_timeout_s: float = Field(default=30.0, gt=0)
+    api_keep_alive_timeout_s: int = Field(default=5, ge=1)
+    api_max_connections: int = Field(default=1000, ge=1)
     api_keys: Annotated[list[str], NoDecode] = Field(default_factory=list)
     admin_api_keys: Annotated[list[str], NoDecode] = Field(default_factory=list)
     api_keys_file: str = ""

@@ -23,6 +23,7 @@ from typing import Any
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from starlette.requests import ClientDisconnect
 from starlette.responses import StreamingResponse
 
 from tokenrelay.api.deps import CallerDep, StateDep
@@ -163,6 +164,8 @@ def _chat_request(state: AppState, **fields: Any) -> ChatCompletionRequest:
 async def _json_object(http: Request) -> dict[str, Any]:
     try:
         body = json.loads(await http.body())
+    except ClientDisconnect:  # gone, or cut off at the body deadline: nobody reads the answer
+        raise InvalidRequest("the request body did not arrive") from None
     except (ValueError, UnicodeDecodeError):
         raise InvalidRequest("the request body is not valid JSON") from None
     except RecursionError:
