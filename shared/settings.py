@@ -58,6 +58,11 @@ class Settings(BaseSettings):
     api_keys: Annotated[list[str], NoDecode] = Field(default_factory=list)
     admin_api_keys: Annotated[list[str], NoDecode] = Field(default_factory=list)
     api_keys_file: str = ""
+    owner_id_secret: SecretStr | None = None
+    owner_id_previous_secret: SecretStr | None = None
+    metrics_require_admin: bool = False
+    docs_enabled: bool = True
+    console_enabled: bool = True
     worker_drain_s: float = Field(default=60.0, ge=0)
     worker_concurrency: int = Field(default=8, ge=1)
     worker_max_batch_tokens: int = Field(default=32_768, ge=16)
@@ -96,6 +101,11 @@ class Settings(BaseSettings):
             hosts = (str(host).strip().lower().rstrip(".").strip("[]") for host in value)
             return [host for host in hosts if host]
         return value
+
+    @field_validator("owner_id_secret", "owner_id_previous_secret", mode="before")
+    @classmethod
+    def _empty_secret_is_none(cls, value: object) -> object:
+        return None if value == "" else value
 
     @field_validator("webhook_secret", mode="before")
     @classmethod
