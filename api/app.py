@@ -52,6 +52,9 @@ def create_app(settings: Settings) -> FastAPI:
         summary="OpenAI-compatible LLM gateway: global admission, queueing, streaming.",
         version=VERSION,
         lifespan=lifespan,
+        docs_url="/docs" if settings.docs_enabled else None,
+        redoc_url="/redoc" if settings.docs_enabled else None,
+        openapi_url="/openapi.json" if settings.docs_enabled else None,
     )
     errors.install(app)
     app.add_middleware(BodySizeLimit, max_bytes=settings.max_request_bytes)
@@ -66,10 +69,11 @@ def create_app(settings: Settings) -> FastAPI:
         models.router,
         health.router,
         cluster.router,
-        console.router,
         metrics_route.router,
     ):
         app.include_router(router)
+    if settings.console_enabled:
+        app.include_router(console.router)
     return app
 
 

@@ -22,6 +22,11 @@ class Caller:
     is_admin: bool = False
     max_inflight: int | None = None
     priority: Priority = "normal"
+    #: The caller's owner id under the previous owner-id secret, during a rotation.
+    former_owner: str | None = None
+
+    def owns(self, owner: str | None) -> bool:
+        return owner is not None and owner in (self.owner, self.former_owner)
 
 
 # Dependencies are `async def` although they never await: FastAPI runs a plain `def`
@@ -55,6 +60,7 @@ async def get_caller(
         is_admin=policy.is_admin,
         max_inflight=policy.max_inflight,
         priority=policy.priority,
+        former_owner=policy.former_owner,
     )
 
 

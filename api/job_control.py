@@ -80,7 +80,7 @@ async def get_record(state: AppState, caller: Caller, job_id: str) -> JobRecord:
         pipe.hgetall(keys.job(job_id))
         pipe.get(keys.job_text(job_id))
         fields, text = await pipe.execute()
-    if not fields or fields.get(JobField.OWNER) != caller.owner:
+    if not fields or not caller.owns(fields.get(JobField.OWNER)):
         raise JobNotFound(f"no job {job_id!r}")
     return JobRecord.from_redis(job_id, fields, text or "")
 

@@ -94,6 +94,10 @@ class SamplingFields(BaseModel):
             )
         if any(not s for s in stops):
             raise InvalidRequest("`stop` strings must not be empty", param="stop")
+        for index, stop in enumerate(stops):
+            _check_unicode(stop, f"stop.{index}")
+        if prompt is not None:
+            _check_unicode(prompt, "prompt")
         return GenerationRequest(
             model=self.model,
             messages=messages,
@@ -167,6 +171,12 @@ def _content(message: InputMessage, index: int) -> str:
         raise InvalidRequest(
             f"`{field}` must not be empty in a {message.role} message", param=field
         )
+    _check_unicode(text, field)
+    return text
+
+
+def _check_unicode(text: str, field: str) -> None:
+    """JSON's `\\ud800` escapes decode to lone surrogates, which no tokenizer or UTF-8 takes."""
     try:
         text.encode()
     except UnicodeEncodeError as exc:
@@ -174,7 +184,6 @@ def _content(message: InputMessage, index: int) -> str:
             f"`{field}` is not valid Unicode: a lone surrogate at character {exc.start}",
             param=field,
         ) from None
-    return text
 
 
 class AssistantMessage(BaseModel):

@@ -65,5 +65,6 @@ class AppState:
         if self._background:
             await asyncio.wait(self._background, timeout=5)
         await self.hub.close()
+        self.prompt_fit.close()
         await self.redis.aclose()
         self.rq_connection.close()

@@ -111,8 +111,9 @@ def _api(args: argparse.Namespace) -> int:
     import uvicorn
 
     from tokenrelay.api.request_log import uvicorn_log_config
+    from tokenrelay.cli.http_protocol import protocol_factory
 
-    Settings()  # fail fast, with pydantic's message, on invalid settings
+    settings = Settings()  # fail fast, with pydantic's message, on invalid settings
     with _prometheus_multiproc_dir():
         uvicorn.run(
             "tokenrelay.api.app:create_app_from_env",
@@ -120,6 +121,9 @@ def _api(args: argparse.Namespace) -> int:
             host=args.host,
             port=args.port,
             workers=args.workers,
+            http=protocol_factory(settings.api_header_timeout_s, settings.api_body_timeout_s),
+            timeout_keep_alive=settings.api_keep_alive_timeout_s,
+            limit_concurrency=settings.api_max_connections,
             timeout_graceful_shutdown=30,
             log_config=uvicorn_log_config(),
             access_log=False,  # the request log (`api/request_log.py`) has one line per request

@@ -61,16 +61,24 @@ def enqueue_generation(
     priority: Priority = "normal",
 ) -> None:
     """Enqueue an admitted job on its model's queue of its priority; RQ drops it if it
-    waits longer than the allowed queue wait."""
+    waits longer than the allowed queue wait. Its RQ description names the job, not its
+    arguments: RQ's default (the call string, prompt included) is kept in Redis and shown
+    by `rq info`."""
     generation_queue(connection, request.model, priority).enqueue_call(
         GENERATE_FUNCTION,
         kwargs={"job_id": job_id, "request": request.model_dump(mode="json")},
         job_id=job_id,
+        description=job_description(job_id),
         timeout=settings.job_timeout_s,
         ttl=max(1, int(settings.max_queue_wait_s) + 1),
         result_ttl=settings.result_ttl_s,
         failure_ttl=settings.result_ttl_s,
     )
+
+
+def job_description(job_id: str) -> str:
+    """The RQ description of a generation job: never its prompt."""
+    return f"{GENERATE_FUNCTION}({job_id})"
 
 
 def _origin_queue(connection: redis.Redis, job: Job) -> Queue:

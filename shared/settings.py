@@ -51,9 +51,18 @@ class Settings(BaseSettings):
     event_log_maxlen: int = Field(default=20_000, ge=100)
     sse_ping_s: float = Field(default=15.0, gt=0)
     max_request_bytes: int = Field(default=1_048_576, ge=1)
+    api_header_timeout_s: float = Field(default=10.0, gt=0)
+    api_body_timeout_s: float = Field(default=30.0, gt=0)
+    api_keep_alive_timeout_s: int = Field(default=5, ge=1)
+    api_max_connections: int = Field(default=1000, ge=1)
     api_keys: Annotated[list[str], NoDecode] = Field(default_factory=list)
     admin_api_keys: Annotated[list[str], NoDecode] = Field(default_factory=list)
     api_keys_file: str = ""
+    owner_id_secret: SecretStr | None = None
+    owner_id_previous_secret: SecretStr | None = None
+    metrics_require_admin: bool = False
+    docs_enabled: bool = True
+    console_enabled: bool = True
     worker_drain_s: float = Field(default=60.0, ge=0)
     worker_concurrency: int = Field(default=8, ge=1)
     worker_max_batch_tokens: int = Field(default=32_768, ge=16)
@@ -93,6 +102,11 @@ class Settings(BaseSettings):
             hosts = (str(host).strip().lower().rstrip(".").strip("[]") for host in value)
             return [host for host in hosts if host]
         return value
+
+    @field_validator("owner_id_secret", "owner_id_previous_secret", mode="before")
+    @classmethod
+    def _empty_secret_is_none(cls, value: object) -> object:
+        return None if value == "" else value
 
     @field_validator("webhook_secret", mode="before")
     @classmethod

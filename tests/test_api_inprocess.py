@@ -103,6 +103,8 @@ def test_openapi_schema_lists_the_http_surface(redis_url: str) -> None:
     assert {"model", "messages", "max_tokens", "stream", "stop", "seed"} <= set(
         request_schema["properties"]
     )
+    article_body = paths["/"]["post"]["requestBody"]["content"]["application/json"]["schema"]
+    assert {"prompt", "stream"} <= set(article_body["properties"])  # so schemathesis fuzzes it
     job_schema = schema["components"]["schemas"]["JobRecord"]
     assert {"id", "status", "text", "usage", "error", "webhook", "webhook_events_filter"} <= set(
         job_schema["properties"]

@@ -20,7 +20,8 @@ import redis
 import requests
 import schemathesis
 from fastapi.testclient import TestClient
-from hypothesis import HealthCheck, settings
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 from rq import Queue
 from schemathesis.checks import not_a_server_error
 from schemathesis.python.asgi import get_client, shutdown_lifespans
@@ -163,10 +164,77 @@ def test_malformed_body_is_a_400_naming_the_body(
     assert mentions in assert_error(response, 400, "invalid_request_error", None)
 
 
+POST_ROUTES = ["/", "/chat", "/v1/chat/completions", "/v1/completions", "/v1/jobs"]
+
+
+def assert_client_error(response: httpx.Response, path: str) -> str:
+    """A 4xx in the OpenAI error shape, or in the first article's own on `POST /` (where the
+    route answers; a refusal before it, such as a 413 or 401, keeps the OpenAI shape)."""
+    assert 400 <= response.status_code < 500, response.text
+    body = response.json()
+    if path == "/" and "status" in body:
+        assert body["status"] == response.status_code
+        return str(body["response"])
+    assert set(body["error"]) == {"message", "type", "param", "code"}
+    return str(body["error"]["message"])
+
+
+@pytest.mark.parametrize("path", POST_ROUTES)
+@pytest.mark.parametrize("depth", [1000, None])
+@pytest.mark.parametrize(("opening", "closing"), [(b"[", b"]"), (b'{"a":', b"}")])
+def test_deeply_nested_json_is_a_400_on_every_route(
+    api: TestClient, path: str, depth: int | None, opening: bytes, closing: bytes
+) -> None:
+    """1,000 deep, and as deep as the body limit allows (None)."""
+    depth = depth or (LIMIT_BYTES - 100) // len(opening + closing)
+    raw = opening * depth + b"1" * (opening != b"[") + closing * depth
+    for field in (b"", b'"messages": ', b'"history": '):  # at the top, and inside a field
+        nested = raw if not field else b'{"prompt": "x", "query": "x", ' + field + raw + b"}"
+        response = api.post(path, content=nested, headers={"content-type": "application/json"})
+        assert_client_error(response, path)
+
+
+HUGE_NUMBERS = [b"9" * 5000, b"9" * 4000, b"1e999", b"-1e999", b"NaN", b"Infinity", b"1e308"]
+
+
+@pytest.mark.parametrize(
+    ("path", "field"),
+    [(path, field) for path in POST_ROUTES for field in (b"max_tokens", b"temperature")]
+    + [(path, field) for path in POST_ROUTES[2:] for field in (b"top_p", b"seed")],
+)  # the article routes take neither `top_p` nor `seed`: what they ignore cannot hurt
+def test_huge_numbers_are_a_400_on_every_route(api: TestClient, path: str, field: bytes) -> None:
+    for number in HUGE_NUMBERS:
+        raw = b'{"model": "m", "prompt": "x", "query": "x", "' + field + b'": ' + number
+        raw += b', "messages": [{"role": "user", "content": "x"}]}'
+        response = api.post(path, content=raw, headers={"content-type": "application/json"})
+        assert_client_error(response, path)
+
+
 def test_lone_surrogate_in_content_is_a_400(api: TestClient) -> None:
     raw = b'{"model": "m", "messages": [{"role": "user", "content": "a\\ud800b"}]}'
     response = api.post("/v1/jobs", content=raw, headers={"content-type": "application/json"})
     assert "surrogate" in assert_error(response, 400, "invalid_request_error", "messages.0.content")
+
+
+@pytest.mark.parametrize(
+    ("path", "raw", "param"),
+    [
+        ("/v1/completions", b'{"model": "m", "prompt": "a\\ud800b"}', "prompt"),
+        ("/v1/completions", b'{"model": "m", "prompt": ["\\udfff"]}', "prompt"),
+        (
+            "/v1/chat/completions",
+            b'{"model": "m", "stop": ["\\ud800"], "messages": [%s]}',
+            "stop.0",
+        ),
+        ("/chat", b'{"query": "q", "user_stop_words": ["x", "\\ud800"]}', "stop.1"),
+    ],
+)
+def test_lone_surrogate_in_a_prompt_or_stop_string_is_a_400(
+    api: TestClient, path: str, raw: bytes, param: str
+) -> None:
+    raw = raw.replace(b"%s", json.dumps(MESSAGES[0]).encode())
+    response = api.post(path, content=raw, headers={"content-type": "application/json"})
+    assert "surrogate" in assert_error(response, 400, "invalid_request_error", param)
 
 
 def test_body_over_the_limit_is_a_413_declared_or_streamed(api: TestClient) -> None:
@@ -282,25 +350,32 @@ FUZZ_HEADERS = {"Authorization": f"Bearer {FUZZ_KEY}"}
 
 
 @pytest.fixture
-def asgi_session(redis_url: str, tmp_path: Path) -> Iterator[requests.Session]:
+def guarded_app_settings(redis_url: str, tmp_path: Path) -> Settings:
+    """Settings whose one key (`FUZZ_KEY`) may hold one job: see `hold_the_quota`."""
     keys_file = tmp_path / "keys.json"
     entry = {"sha256": hash_key(FUZZ_KEY), "max_inflight": 1, "admin": True}
     keys_file.write_text(json.dumps([entry]))
-    app = create_app(
-        Settings(
-            redis_url=redis_url,
-            api_keys_file=str(keys_file),
-            max_request_bytes=LIMIT_BYTES,
-            max_queue_wait_s=3600,
-        )
+    return Settings(
+        redis_url=redis_url,
+        api_keys_file=str(keys_file),
+        max_request_bytes=LIMIT_BYTES,
+        max_queue_wait_s=3600,
     )
-    with get_client(app) as session:
-        held = session.post(
-            "http://testserver/v1/jobs",
-            json={"model": Settings().model_id, "messages": MESSAGES},
-            headers=FUZZ_HEADERS,
-        )
-        assert held.status_code == 202, held.text
+
+
+def hold_the_quota(post: Any) -> None:
+    held = post(
+        "http://testserver/v1/jobs",
+        json={"model": Settings().model_id, "messages": MESSAGES},
+        headers=FUZZ_HEADERS,
+    )
+    assert held.status_code == 202, held.text
+
+
+@pytest.fixture
+def asgi_session(guarded_app_settings: Settings) -> Iterator[requests.Session]:
+    with get_client(create_app(guarded_app_settings)) as session:
+        hold_the_quota(session.post)
         yield session
     shutdown_lifespans()
 
@@ -320,3 +395,64 @@ def test_schemathesis_finds_no_server_error(
         headers=FUZZ_HEADERS,
         checks=[not_a_server_error],
     )
+
+
+@pytest.fixture
+def guarded_api(guarded_app_settings: Settings) -> Iterator[TestClient]:
+    with TestClient(create_app(guarded_app_settings), raise_server_exceptions=False) as client:
+        hold_the_quota(client.post)
+        yield client
+
+
+JSON_VALUES = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.floats() | st.text(),
+    lambda children: (
+        st.lists(children, max_size=4)
+        | st.dictionaries(
+            st.sampled_from(["model", "messages", "prompt", "query", "role", "content", "stop"])
+            | st.text(max_size=8),
+            children,
+            max_size=4,
+        )
+    ),
+    max_leaves=20,
+)
+VALID_BODY = json.dumps({"model": Settings().model_id, "messages": MESSAGES, "prompt": "x"})
+
+
+def mutated(body: str, position: int, insert: bytes, cut: int) -> bytes:
+    raw = body.encode()
+    position %= len(raw) + 1
+    return raw[:position] + insert + raw[position + cut :]
+
+
+RAW_BODIES = st.one_of(
+    st.binary(max_size=512),
+    JSON_VALUES.map(lambda value: json.dumps(value, allow_nan=True).encode()),
+    st.builds(
+        mutated, st.just(VALID_BODY), st.integers(0, 200), st.binary(max_size=8), st.integers(0, 8)
+    ),
+    st.text(max_size=64).map(lambda text: text.encode("utf-16")),
+)
+
+
+@given(
+    path=st.sampled_from(POST_ROUTES),
+    raw=RAW_BODIES,
+    content_type=st.sampled_from(
+        ["application/json", "application/octet-stream", "text/plain; charset=latin-1", ""]
+    ),
+)
+@settings(
+    max_examples=300,
+    deadline=None,
+    suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
+)
+def test_raw_body_fuzz_finds_no_server_error(
+    guarded_api: TestClient, path: str, raw: bytes, content_type: str
+) -> None:
+    """Bytes, not schema-valid bodies: random binary, random JSON, a valid body with bytes
+    inserted or cut, UTF-16. Anything valid reaches admission and gets the key's 429."""
+    headers = {**FUZZ_HEADERS, "content-type": content_type}
+    response = guarded_api.post(path, content=raw, headers=headers)
+    assert_client_error(response, path)

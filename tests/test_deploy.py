@@ -285,7 +285,9 @@ def test_scenarios_render_the_expected_objects(rendered: dict[str, list[dict[str
     )
     external = set(kinds["external-redis"])
     assert {"ScaledObject", "TriggerAuthentication"} <= external
-    assert not external & {"StatefulSet", "NetworkPolicy", "Secret", "HorizontalPodAutoscaler"}
+    assert not external & {"StatefulSet", "NetworkPolicy", "HorizontalPodAutoscaler"}
+    # Keys and Redis come from existing Secrets; the chart makes only the owner-id secret.
+    assert set(objects(rendered["external-redis"], "Secret")) == {"tokenrelay-owner-id"}
 
 
 @pytest.mark.parametrize("scenario", list(cd.SCENARIOS))
@@ -450,6 +452,20 @@ def test_api_keys_come_from_a_secret(rendered: dict[str, list[dict[str, Any]]]) 
         "name": "tokenrelay-api-keys",
         "key": "keys",
     }
+
+
+def test_owner_id_secret_is_generated_and_reaches_the_api_with_keys(
+    rendered: dict[str, list[dict[str, Any]]],
+) -> None:
+    default_env = env_of(pod_spec(one(rendered["default"], "Deployment", "-api"))["containers"][0])
+    assert "TOKENRELAY_OWNER_ID_SECRET" not in default_env  # no keys, no owners
+    for scenario in ("keda-bundled-redis", "external-redis"):
+        docs = rendered[scenario]
+        env = env_of(pod_spec(one(docs, "Deployment", "-api"))["containers"][0])
+        ref = env["TOKENRELAY_OWNER_ID_SECRET"]["valueFrom"]["secretKeyRef"]
+        assert ref == {"name": "tokenrelay-owner-id", "key": "owner-id-secret"}, scenario
+        secret = objects(docs, "Secret")[ref["name"]]
+        assert len(base64.b64decode(secret["data"][ref["key"]])) == 48, scenario
 
 
 def test_bundled_redis_is_pinned_private_and_authenticated(

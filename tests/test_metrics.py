@@ -18,7 +18,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from rq import Queue, Worker
 
 from tests.cluster import MODEL_NAME, Cluster, ClusterFactory
-from tokenrelay.api.api_keys import hash_key
+from tokenrelay.api.api_keys import hash_key, owner_id
 from tokenrelay.api.app import create_app
 from tokenrelay.api.cluster_view import ClusterGauges
 from tokenrelay.api.metrics import Metrics
@@ -204,7 +204,7 @@ def test_one_json_log_line_per_request_with_key_id_and_no_prompt_text(
     assert [line["path"] for line in lines] == ["/v1/jobs", "/healthz"]
     line = lines[0]
     assert line["job_id"] == created.json()["id"]
-    assert line["key_id"] == hash_key("sk-secret-key")[:24]
+    assert line["key_id"] == owner_id(hash_key("sk-secret-key"), b"")  # no secret set
     assert (line["model"], line["status"], line["endpoint"]) == ("m", 202, "/v1/jobs")
     assert isinstance(line["duration_s"], float)
     assert "prompt" not in line

@@ -138,6 +138,7 @@ def build_worker(
         connection=connection,
         serializer=JSONSerializer,
         job_class=allow_listed_job_class(functions),
+        log_job_description=False,  # RQ would log the call string, prompt included, at INFO
         concurrency=concurrency,
         on_stop_requested=on_stop_requested,
     )

@@ -23,6 +23,7 @@ from typing import Any
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from starlette.requests import ClientDisconnect
 from starlette.responses import StreamingResponse
 
 from tokenrelay.api.deps import CallerDep, StateDep
@@ -39,6 +40,16 @@ router = APIRouter(tags=["article clients"])
 
 DEFAULT_SYSTEM = "You are a helpful assistant."
 _STREAM_CONTENT_TYPE = "application/octet-stream"
+
+
+class PromptRequest(BaseModel):
+    """The first article's request body, as documented (the route reads it by hand: any
+    content type is taken as JSON)."""
+
+    prompt: str = Field(min_length=1)
+    stream: bool = False
+    max_tokens: int | None = None
+    temperature: float | None = None
 
 
 class PromptResponse(BaseModel):
@@ -71,6 +82,12 @@ class ArticleChatResponse(BaseModel):
 @router.post(
     "/",
     response_model=PromptResponse,
+    openapi_extra={
+        "requestBody": {
+            "required": True,
+            "content": {"application/json": {"schema": PromptRequest.model_json_schema()}},
+        }
+    },
     responses={
         status: {"model": PromptResponse, "description": "Error, in the same body shape"}
         for status in (400, 401, 404, 413, 429, 503)
@@ -147,8 +164,12 @@ def _chat_request(state: AppState, **fields: Any) -> ChatCompletionRequest:
 async def _json_object(http: Request) -> dict[str, Any]:
     try:
         body = json.loads(await http.body())
+    except ClientDisconnect:  # gone, or cut off at the body deadline: nobody reads the answer
+        raise InvalidRequest("the request body did not arrive") from None
     except (ValueError, UnicodeDecodeError):
         raise InvalidRequest("the request body is not valid JSON") from None
+    except RecursionError:
+        raise InvalidRequest("the request body is not valid JSON: nested too deeply") from None
     if not isinstance(body, dict):
         raise InvalidRequest("the request body must be a JSON object")
     return body

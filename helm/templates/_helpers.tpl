@@ -38,6 +38,10 @@ limit; a StatefulSet's name also leaves room for its pods' revision-hash label (
 {{- include "tokenrelay.componentName" (dict "ctx" . "component" "redis" "max" 52) }}
 {{- end }}
 
+{{- define "tokenrelay.ownerIdSecretName" -}}
+{{- include "tokenrelay.componentName" (dict "ctx" . "component" "owner-id" "max" 63) }}
+{{- end }}
+
 {{- define "tokenrelay.chart" -}}
 {{- printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" | trunc 63 | trimSuffix "-" }}
 {{- end }}
