@@ -18,6 +18,7 @@ running job, so one EMIT call carries one event per job).
 from __future__ import annotations
 
 import argparse
+import itertools
 import socket
 import sys
 import threading
@@ -96,8 +97,13 @@ def measure(
     send: Callable[[], object]
     if variant == "current":
         script = client.register_script(scripts.EMIT)
-        call = scripts.emit(settings, [(job_id, _EVENT, "lorem ") for job_id in job_ids])
-        send = lambda: script(keys=call.keys, args=call.args)  # noqa: E731
+        sent = itertools.count()
+
+        def send() -> object:
+            seq = next(sent)  # EMIT applies each job's next seq only
+            call = scripts.emit(settings, [(job_id, seq, _EVENT, "lorem ") for job_id in job_ids])
+            return script(keys=call.keys, args=call.args)
+
     else:
         script = client.register_script(LEAN_EMIT)
         lean_args: list[str | int] = [keys.job_events("{id}"), keys.job_channel("{id}")]
