@@ -212,7 +212,10 @@ def test_emit_applies_only_the_next_seq_so_resends_are_no_ops_and_gaps_refused(
     run.run(scripts.emit(settings, [chunk(4)]))
     assert run.run(behind) == 1
     assert [e["seq"] for e in log(sync_redis, "g")] == [0, 1, 2, 3, 4, 5]
-    assert run.run(behind) == 0
+    assert run.run(behind) == 1  # a resend after a lost reply: this call's end, not another's
+    other = scripts.finish(settings, "g", "failed", {}, done.to_wire(), final_seq=5)
+    assert run.run(other) == 0
+    assert len(log(sync_redis, "g")) == 6
 
 
 def test_start_resent_by_the_same_worker_finds_it_running_and_emits_once(

@@ -149,6 +149,8 @@ class JobRunner:
         )
 
     def _conclude(self, job: BatchJob, prompt_tokens: int) -> str:
+        """FINISH the job; raises `WorkerLost` when it ends failed, or when another process
+        (the reaper) had ended it, so RQ lists it as failed, like tokenrelay, never finished."""
         fields: dict[str, scripts.Arg] = {
             JobField.PROMPT_TOKENS: prompt_tokens,
             JobField.COMPLETION_TOKENS: job.completion_tokens,
@@ -156,7 +158,11 @@ class JobRunner:
         reason = self._active.stop_reason(job.job_id)
         if job.finish_reason is None and reason is not None:
             status, error = _STOPPED[reason]
-            self._finish(job.job_id, job.log, status, {**fields, **error_fields(error)}, error)
+            fields |= error_fields(error)
+            if not self._finish(job.job_id, job.log, status, fields, error):
+                raise WorkerLost(WorkerLost.LEASE_EXPIRED_MESSAGE)
+            if status == JobStatus.FAILED:
+                raise WorkerLost(error.message)
             return status
         finish_reason = job.finish_reason or "stop"
         usage = Usage(
@@ -166,7 +172,8 @@ class JobRunner:
         )
         done = Done(finish_reason=finish_reason, usage=usage)
         fields[JobField.FINISH_REASON] = finish_reason
-        self._finish(job.job_id, job.log, JobStatus.SUCCEEDED, fields, done)
+        if not self._finish(job.job_id, job.log, JobStatus.SUCCEEDED, fields, done):
+            raise WorkerLost(WorkerLost.LEASE_EXPIRED_MESSAGE)
         return JobStatus.SUCCEEDED
 
     def _fail(self, job_id: str, job_log: JobLog | None, exc: TokenrelayError) -> None:
@@ -180,10 +187,10 @@ class JobRunner:
         status: JobStatus,
         fields: dict[str, scripts.Arg],
         event: Done | Error,
-    ) -> None:
+    ) -> bool:
         """Send what the job's log lacks, then FINISH, until Redis took both or the lease ran
         out (then the reaper ends the job). Without a log (the batcher may still hold it, after
-        RQ's job timeout) FINISH alone, unchecked."""
+        RQ's job timeout) FINISH alone, unchecked. True if this call ended the job."""
         final_seq = -1 if job_log is None else job_log.next_seq
         call = scripts.finish(self._settings, job_id, status, fields, event.to_wire(), final_seq)
         backoff = Backoff()
@@ -195,12 +202,12 @@ class JobRunner:
                     log.warning("FINISH of job %s failed, will retry: %s", job_id, exc)
                 else:
                     if outcome != scripts.FINISH_BEHIND:
-                        return
+                        return bool(outcome == 1)
                     if job_log is not None:
                         job_log.resend_all()
             if not self._active.lease_valid(job_id):
                 log.warning("job %s: its lease ran out before Redis took its end", job_id)
-                return
+                return False
             backoff.failed()
             time.sleep(backoff.wait_s())
 
