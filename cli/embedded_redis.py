@@ -48,10 +48,15 @@ class EmbeddedRedis:
     """
 
     def __init__(
-        self, port: int | None = None, startup_timeout_s: float = 10.0, persistent: bool = False
+        self,
+        port: int | None = None,
+        startup_timeout_s: float = 10.0,
+        persistent: bool = False,
+        extra_args: tuple[str, ...] = (),
     ) -> None:
         self.port = port or free_port()
         self.persistent = persistent
+        self._extra_args = extra_args
         self._binary = find_redis_server()
         self._dir = tempfile.mkdtemp(prefix="tokenrelay-redis-")
         self._startup_timeout_s = startup_timeout_s
@@ -67,7 +72,7 @@ class EmbeddedRedis:
             args += ["--appendonly", "yes", "--appendfsync", "everysec"]
         else:
             args += ["--appendonly", "no"]
-        args += ["--dir", self._dir, "--loglevel", "warning"]
+        args += ["--dir", self._dir, "--loglevel", "warning", *self._extra_args]
         self._process = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         deadline = time.monotonic() + self._startup_timeout_s
         while time.monotonic() < deadline:

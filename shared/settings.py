@@ -42,6 +42,7 @@ class Settings(BaseSettings):
     redis_sentinels: Annotated[list[tuple[str, int]], NoDecode] = Field(default_factory=list)
     redis_sentinel_master: str = "mymaster"
     redis_sentinel_password: SecretStr | None = None
+    redis_min_replicas: int = Field(default=0, ge=0)
     model: str = DEFAULT_MODEL
     served_model_name: str = ""
     max_inflight: int = Field(default=64, ge=1)
