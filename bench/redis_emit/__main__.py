@@ -5,8 +5,9 @@ draining every job channel as an API process would, and prints Redis CPU and com
 event for several jobs-per-call batch sizes (a real engine's decoding step carries every
 running job, so one EMIT call carries one event per job).
 
-- `current`: `tokenrelay.shared.scripts.EMIT` — per event HGET status, HINCRBY next_seq,
-  XADD, PUBLISH, APPEND text.
+- `current`: `tokenrelay.shared.scripts.EMIT` — per event HMGET status, cancel flag and
+  next_seq (the event applies only as the job's next seq), HSET next_seq, XADD, PUBLISH,
+  APPEND text.
 - `lean` (a proposal, not used by tokenrelay): per event XADD with an auto sequence
   (`1-*`, Redis >= 7.0; the entry id carries `seq`) and PUBLISH. A job that has ended is
   detected by XADD failing, because ending a job would `XSETID` its log to `2-0`; the job
