@@ -25,7 +25,7 @@ from rq.serializers import JSONSerializer
 from rq.worker import BaseWorker
 
 from tokenrelay.api.state import AppState
-from tokenrelay.shared import keys
+from tokenrelay.shared import keys, redis_connect
 from tokenrelay.shared.jobs import JobField, JobStatus
 from tokenrelay.shared.rq_jobs import queue_model
 
@@ -118,10 +118,11 @@ async def read_gauges(state: AppState) -> ClusterGauges:
     client = state.redis
     try:
         async with asyncio.timeout(GAUGE_TIMEOUT_S):
+            role = await client.execute_command("ROLE")
             gauges.in_flight = await client.zcard(keys.leases())
     except (RedisError, OSError, TimeoutError):
         return gauges
-    gauges.redis_up = True
+    gauges.redis_up = redis_connect.is_primary(role)
     with contextlib.suppress(RedisError, OSError, TimeoutError):
         async with asyncio.timeout(GAUGE_TIMEOUT_S):
             gauges.queues = await _queue_depths(client)

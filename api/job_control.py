@@ -25,6 +25,26 @@ from tokenrelay.shared.rq_jobs import (
 
 log = logging.getLogger(__name__)
 
+REPLICA_WAIT_TIMEOUT_MS = 1000
+
+
+async def _wait_for_replicas(state: AppState) -> None:
+    """Return once `TOKENRELAY_REDIS_MIN_REPLICAS` replicas hold this admission's writes.
+
+    WAIT covers the writes of its own connection: a write on the same connection just
+    before it, after the admission's writes (ADMIT, the webhook fields, the enqueue) had all
+    completed, stands for all of them (replication is one ordered stream)."""
+    wanted = state.settings.redis_min_replicas
+    async with state.redis.pipeline(transaction=False) as pipe:
+        pipe.incr(keys.replication_mark())
+        pipe.execute_command("WAIT", wanted, REPLICA_WAIT_TIMEOUT_MS)
+        _, acknowledged = await pipe.execute()
+    if int(acknowledged) < wanted:
+        raise RedisUnavailable(
+            f"only {acknowledged} of {wanted} Redis replicas acknowledged the admission "
+            f"within {REPLICA_WAIT_TIMEOUT_MS} ms"
+        )
+
 
 async def submit(
     state: AppState,
@@ -59,6 +79,8 @@ async def submit(
             request,
             priority or caller.priority,
         )
+        if settings.redis_min_replicas:
+            await _wait_for_replicas(state)
     except Exception as exc:
         log.warning("enqueue of admitted job %s failed: %s", job_id, exc)
         error = Error(

@@ -14,7 +14,7 @@ Names follow vLLM and TGI, prefixed `tokenrelay_`:
     tokenrelay_requests_in_flight_limit            TOKENRELAY_MAX_INFLIGHT
     tokenrelay_queue_depth{queue}                  jobs waiting in each of tokenrelay's queues
     tokenrelay_workers                             live tokenrelay workers registered in RQ
-    tokenrelay_redis_up                            1 if this scrape could read Redis
+    tokenrelay_redis_up                            1 if this scrape read Redis on its primary
 
 Counters and histograms live in the process that served the request (the request log counts
 requests, `api.stream_observer` the tokens and latencies). With several uvicorn workers,
@@ -160,7 +160,7 @@ class ClusterCollector:
         gauges = self.gauges
         yield GaugeMetricFamily(
             "tokenrelay_redis_up",
-            "1 if this scrape could read the cluster state from Redis, else 0.",
+            "1 if this scrape read the cluster state from a Redis primary (writable), else 0.",
             value=int(gauges.redis_up),
         )
         yield GaugeMetricFamily(

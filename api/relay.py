@@ -49,7 +49,7 @@ class GenerationRenderer(ABC):
     def event(self, delivery: Delivery) -> bytes | None:
         event = delivery.event
         if isinstance(event, TokenChunk):
-            return self.text(event.text)
+            return self.text(event.text) if event.text else None
         if isinstance(event, Done):
             return self.done(event)
         if isinstance(event, Error):

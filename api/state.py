@@ -13,6 +13,7 @@ from redis import Redis
 from tokenrelay.api.api_keys import KeyRing
 from tokenrelay.api.prompt_fit import PromptFit
 from tokenrelay.api.streams import StreamHub
+from tokenrelay.shared import redis_connect
 from tokenrelay.shared.script_runner import AsyncScripts
 from tokenrelay.shared.settings import Settings
 
@@ -36,19 +37,18 @@ class AppState:
     def build(cls, settings: Settings) -> AppState:
         # A burst of requests waits briefly for a pooled connection instead of failing with
         # "Too many connections" (redis-py's default pool caps at 100 and refuses the rest).
-        pool = redis.asyncio.BlockingConnectionPool.from_url(
-            settings.redis_url,
+        client = redis_connect.async_client(
+            settings,
+            max_connections=REDIS_POOL_SIZE,
+            pool_wait_s=REDIS_POOL_WAIT_S,
             decode_responses=True,
             health_check_interval=30,
-            max_connections=REDIS_POOL_SIZE,
-            timeout=REDIS_POOL_WAIT_S,
             socket_connect_timeout=REDIS_CONNECT_TIMEOUT_S,
         )
-        client = redis.asyncio.Redis.from_pool(pool)
         return cls(
             settings=settings,
             redis=client,
-            rq_connection=Redis.from_url(settings.redis_url),
+            rq_connection=redis_connect.sync_client(settings),
             scripts=AsyncScripts(client),
             hub=StreamHub(client),
             keys=KeyRing.from_settings(settings),

@@ -40,11 +40,23 @@ def free_port() -> int:
 class EmbeddedRedis:
     """`with EmbeddedRedis() as server:` starts a server; `server.url` points at it.
 
-    `stop()` and `start()` can be called again to simulate an outage on the same port.
+    `stop()` and `start()` can be called again to simulate an outage on the same port. With
+    `persistent`, it keeps an append-only file (`appendfsync everysec`, as compose.yaml and
+    the Helm chart run Redis) in its own data directory, so a restart loads what a real
+    server would: everything when it was stopped gracefully, all but about the last second
+    of writes when it was killed.
     """
 
-    def __init__(self, port: int | None = None, startup_timeout_s: float = 10.0) -> None:
+    def __init__(
+        self,
+        port: int | None = None,
+        startup_timeout_s: float = 10.0,
+        persistent: bool = False,
+        extra_args: tuple[str, ...] = (),
+    ) -> None:
         self.port = port or free_port()
+        self.persistent = persistent
+        self._extra_args = extra_args
         self._binary = find_redis_server()
         self._dir = tempfile.mkdtemp(prefix="tokenrelay-redis-")
         self._startup_timeout_s = startup_timeout_s
@@ -56,7 +68,11 @@ class EmbeddedRedis:
 
     def start(self) -> None:
         args = [self._binary, "--port", str(self.port), "--bind", "127.0.0.1", "--save", ""]
-        args += ["--appendonly", "no", "--dir", self._dir, "--loglevel", "warning"]
+        if self.persistent:
+            args += ["--appendonly", "yes", "--appendfsync", "everysec"]
+        else:
+            args += ["--appendonly", "no"]
+        args += ["--dir", self._dir, "--loglevel", "warning", *self._extra_args]
         self._process = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         deadline = time.monotonic() + self._startup_timeout_s
         while time.monotonic() < deadline:
@@ -68,14 +84,20 @@ class EmbeddedRedis:
         self.stop()
         raise TimeoutError(f"redis-server did not answer on port {self.port}")
 
-    def stop(self) -> None:
+    def stop(self, graceful: bool = False) -> None:
+        """Kill the server (SIGKILL), or with `graceful` ask it to shut down (SIGTERM: a
+        persistent one first writes its append-only file)."""
         if self._process is None:
             return
-        self._process.kill()
-        self._process.wait(timeout=10)
+        if graceful:
+            self._process.terminate()
+        else:
+            self._process.kill()
+        self._process.wait(timeout=30)
         self._process = None
 
     def _answers_ping(self) -> bool:
+        """PONG: ready (a server still loading its append-only file answers -LOADING)."""
         try:
             with socket.create_connection(("127.0.0.1", self.port), timeout=0.5) as sock:
                 sock.sendall(b"PING\r\n")

@@ -1,8 +1,9 @@
 """Typed events of a job's stream: what a worker publishes and an API node forwards.
 
-Each event carries `seq`, its position in the job's replay log, assigned by the Lua
-script that appends it (so the worker and the lease reaper never race for a number).
-Workers serialize events without `seq` (`to_wire`); the script splices it in.
+Each event carries `seq`, its position in the job's replay log. The worker running a job
+numbers that job's events (`worker.delivery`), and EMIT applies only the next one, so a
+resend is a no-op; the scripts that end a job from elsewhere (reaper, cancel) take the next
+number themselves. Events travel without `seq` (`to_wire`); the script splices it in.
 """
 
 from __future__ import annotations

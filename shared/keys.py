@@ -72,6 +72,11 @@ def recent_jobs() -> str:
     return f"{PREFIX}:recent-jobs"
 
 
+def replication_mark() -> str:
+    """Counter the API increments after an admission's writes, to `WAIT` for its replicas."""
+    return f"{PREFIX}:replication-mark"
+
+
 def rejections() -> str:
     """Hash counting refused admissions: field `error_type`, value how many."""
     return f"{PREFIX}:rejections"

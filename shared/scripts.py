@@ -4,7 +4,8 @@ The sources are files of `shared/lua/`, loaded as package resources and joined h
 `clock.lua` (`now_ms`, the one reader of Redis `TIME`, so the clocks of API nodes and workers
 never matter) comes first in every script that reads the time, and the job library
 (`library.lua`) follows it in every script that may end a job. The library: `emit` assigns the
-next `seq`, appends the event to the job's replay log and publishes it; `finish` moves a
+next `seq`, appends the event to the job's replay log and publishes it (EMIT instead applies
+the seq the running job's worker numbered, so a resend is a no-op); `finish` moves a
 job to a terminal state exactly once (a job already terminal is left alone), emits its
 final event, releases its lease and puts the result keys on their TTL; `reap` ends jobs
 whose lease expired; `webhook` queues a webhook delivery when a job that asked for one
@@ -200,16 +201,51 @@ def start(settings: Settings, job_id: str, worker: str, started_event: str) -> S
     return _library_call(START, settings, job_id, worker, settings.lease_ttl_ms, started_event)
 
 
-def emit(settings: Settings, events: list[tuple[str, str, str]]) -> ScriptCall:
-    """Append events of several jobs in one round trip: (job id, event JSON, text delta)."""
-    flat: list[Arg] = [part for triple in events for part in triple]
+EmitItem = tuple[str, int, str, str]
+"""One event for EMIT: job id, seq (numbered by the job's worker), event JSON, text delta."""
+
+
+def emit(settings: Settings, events: list[EmitItem]) -> ScriptCall:
+    """Append events of several jobs in one round trip (see `emit.lua`)."""
+    flat: list[Arg] = [part for item in events for part in item]
     return _library_call(EMIT, settings, *flat)
 
 
+@dataclass(frozen=True)
+class EmitReply:
+    """What an EMIT call found: jobs to stop, and where logs with a gap must resume."""
+
+    cancelled: list[str]
+    gone: list[str]
+    resume_at: dict[str, int]
+
+
+def parse_emit(reply: list[Any]) -> EmitReply:
+    cancelled, gone, behind = reply
+    pairs = zip(behind[::2], behind[1::2], strict=True)
+    return EmitReply(
+        cancelled=[str(job_id) for job_id in cancelled],
+        gone=[str(job_id) for job_id in gone],
+        resume_at={str(job_id): int(seq) for job_id, seq in pairs},
+    )
+
+
+FINISH_BEHIND = -1
+"""FINISH's reply when the job's log lacks events below the seq its worker passed."""
+
+
 def finish(
-    settings: Settings, job_id: str, status: str, fields: dict[str, Arg], final_event: str
+    settings: Settings,
+    job_id: str,
+    status: str,
+    fields: dict[str, Arg],
+    final_event: str,
+    final_seq: int = -1,
 ) -> ScriptCall:
-    return _library_call(FINISH, settings, job_id, status, json.dumps(fields), final_event)
+    """End a job; with `final_seq` >= 0, only if its log holds every event below it."""
+    return _library_call(
+        FINISH, settings, job_id, status, json.dumps(fields), final_event, final_seq
+    )
 
 
 def cancel(settings: Settings, job_id: str) -> ScriptCall:

@@ -39,6 +39,10 @@ class Settings(BaseSettings):
     model_config = SettingsConfigDict(env_prefix="TOKENRELAY_", extra="ignore")
 
     redis_url: str = "redis://127.0.0.1:6379/0"
+    redis_sentinels: Annotated[list[tuple[str, int]], NoDecode] = Field(default_factory=list)
+    redis_sentinel_master: str = "mymaster"
+    redis_sentinel_password: SecretStr | None = None
+    redis_min_replicas: int = Field(default=0, ge=0)
     model: str = DEFAULT_MODEL
     served_model_name: str = ""
     max_inflight: int = Field(default=64, ge=1)
@@ -91,6 +95,30 @@ class Settings(BaseSettings):
         if isinstance(value, str):
             return [key.strip() for key in value.split(",") if key.strip()]
         return value
+
+    @field_validator("redis_sentinels", mode="before")
+    @classmethod
+    def _split_sentinels(cls, value: object) -> object:
+        """`host1:26379,host2:26379` → [(host, port), ...]."""
+        if not isinstance(value, str):
+            return value
+        sentinels = []
+        for item in (part.strip() for part in value.split(",")):
+            if not item:
+                continue
+            host, _, port = item.rpartition(":")
+            if not host or not port.isdigit():
+                raise ValueError(
+                    f"TOKENRELAY_REDIS_SENTINELS: {item!r} is not host:port "
+                    "(e.g. sentinel-0:26379,sentinel-1:26379)"
+                )
+            sentinels.append((host.strip("[]"), int(port)))
+        return sentinels
+
+    @field_validator("redis_sentinel_password", mode="before")
+    @classmethod
+    def _empty_is_none(cls, value: object) -> object:
+        return None if value == "" else value
 
     @field_validator("webhook_allowed_hosts", mode="before")
     @classmethod

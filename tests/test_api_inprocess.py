@@ -66,7 +66,7 @@ def test_job_events_are_the_logged_payloads_with_their_seq_and_type(
         job_id = client.post("/v1/jobs", json={"model": "m", "messages": MESSAGES}).json()["id"]
         run = SyncScripts(sync_redis)
         run.run(scripts.start(settings, job_id, "w", events[0].to_wire()))
-        run.run(scripts.emit(settings, [(job_id, events[1].to_wire(), text)]))
+        run.run(scripts.emit(settings, [(job_id, 1, events[1].to_wire(), text)]))
         run.run(scripts.finish(settings, job_id, "succeeded", {}, events[2].to_wire()))
         response = client.get(f"/v1/jobs/{job_id}/events")
     assert response.status_code == 200

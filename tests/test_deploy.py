@@ -536,6 +536,23 @@ def test_external_redis_comes_from_an_existing_secret(
     assert data["TOKENRELAY_SERVED_MODEL_NAME"] == "tokenrelay-demo"
 
 
+def test_sentinel_redis_reaches_every_process(rendered: dict[str, list[dict[str, Any]]]) -> None:
+    docs = rendered["sentinel-redis"]
+    data = one(docs, "ConfigMap", "tokenrelay")["data"]
+    assert data["TOKENRELAY_REDIS_SENTINELS"] == "tokenrelay-redis-headless:26379"
+    assert data["TOKENRELAY_REDIS_SENTINEL_MASTER"] == "mymaster"
+    assert data["TOKENRELAY_REDIS_MIN_REPLICAS"] == "1"
+    for name in ("-api", "-worker"):
+        env = env_of(pod_spec(one(docs, "Deployment", name))["containers"][0])
+        assert env["TOKENRELAY_REDIS_SENTINEL_PASSWORD"]["valueFrom"]["secretKeyRef"] == {
+            "name": "tokenrelay-redis",
+            "key": "sentinel-password",
+        }
+        assert env["TOKENRELAY_REDIS_URL"]["valueFrom"]["secretKeyRef"]["key"] == "url"
+    assert not {d["kind"] for d in docs} & {"StatefulSet", "Secret"}
+    assert "TOKENRELAY_REDIS_SENTINELS" not in one(rendered["default"], "ConfigMap", "")["data"]
+
+
 def test_names_fit_kubernetes_limits_for_the_longest_release_name() -> None:
     release = "r" * 53  # Helm's own limit on release names
     docs = cd.validate_manifests(
@@ -583,7 +600,8 @@ def test_notes_show_port_forward_and_curl(scenario: str) -> None:
     notes = cd.helm_notes(ROOT, scenario)
     assert "kubectl --namespace tokenrelay port-forward service/tokenrelay-api 8000:8000" in notes
     assert "-H 'content-type: application/json'" in notes
-    model = "tokenrelay-demo" if scenario == "external-redis" else "Qwen/Qwen2-0.5B-Instruct"
+    demo = scenario in ("external-redis", "sentinel-redis")
+    model = "tokenrelay-demo" if demo else "Qwen/Qwen2-0.5B-Instruct"
     assert f'"model":"{model}","messages":[{{"role":"user","content":"hi"}}]' in notes
     assert ("authorization: Bearer" in notes) == (scenario != "default")
 

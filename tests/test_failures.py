@@ -13,7 +13,7 @@ from collections.abc import Iterator
 import httpx
 import pytest
 import redis
-from rq.registry import FailedJobRegistry
+from rq.registry import FailedJobRegistry, FinishedJobRegistry
 
 from tests.cluster import MODEL_NAME, Cluster, ClusterFactory
 from tokenrelay.cli.embedded_redis import EmbeddedRedis
@@ -165,3 +165,38 @@ def test_redis_restart_gives_503_then_recovers_without_restarts(
         response = http.post("/v1/chat/completions", json=SHORT, timeout=60)
         assert response.status_code == 200, response.text
         assert response.json()["choices"][0]["finish_reason"] in ("stop", "length")
+
+
+def test_a_worker_paused_past_its_lease_leaves_its_job_failed_in_rq_only(cluster: Cluster) -> None:
+    worker = cluster.start_worker()
+    cluster.start_api()
+    connection = redis.Redis.from_url(cluster.redis_url)
+    queue = generation_queue(connection, MODEL_NAME, "normal")
+    failed, finished = FailedJobRegistry(queue=queue), FinishedJobRegistry(queue=queue)
+    assert worker.log_path is not None
+    log_path = worker.log_path
+    try:
+        with httpx.Client(base_url=cluster.base_url, timeout=30) as http:
+            job_id = http.post("/v1/jobs", json=LONG).json()["id"]
+            wait_for_token(http, job_id)
+            worker.signal(signal.SIGSTOP)
+            eventually(
+                lambda: http.get(f"/v1/jobs/{job_id}").json()["status"] == "failed",
+                30,
+                "the reaper to fail the paused worker's job",
+            )
+            worker.signal(signal.SIGCONT)
+            eventually(
+                lambda: "WorkerLost" in log_path.read_text(errors="replace"),
+                30,
+                "the resumed worker to give the job up",
+            )
+            events = read_events(http, job_id)
+        assert [e["type"] for e in events].count("error") == 1
+        assert events[-1]["error_type"] == "worker_lost"
+        assert job_id in failed.get_job_ids(cleanup=False)
+        assert job_id not in finished.get_job_ids(cleanup=False)
+        assert worker.running()
+    finally:
+        connection.close()
+    assert lease_count(cluster) == 0

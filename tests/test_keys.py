@@ -15,6 +15,7 @@ def test_key_strings_are_pinned() -> None:
     assert keys.worker("w1") == "tokenrelay:worker:w1"
     assert keys.recent_jobs() == "tokenrelay:recent-jobs"
     assert keys.rejections() == "tokenrelay:rejections"
+    assert keys.replication_mark() == "tokenrelay:replication-mark"
     assert keys.generation_queue("Qwen/Qwen2-0.5B-Instruct", "high") == (
         "tokenrelay:Qwen/Qwen2-0.5B-Instruct:high"
     )

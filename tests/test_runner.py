@@ -88,7 +88,7 @@ class CountingScripts(SyncScripts):
 
     def run(self, call: ScriptCall) -> Any:
         if call.source == scripts.EMIT:
-            self.emits.append((len(call.args) - scripts.LIBRARY_ARGC) // 3)
+            self.emits.append((len(call.args) - scripts.LIBRARY_ARGC) // 4)
         return super().run(call)
 
 
@@ -274,3 +274,79 @@ def test_flush_interval_coalesces_tokens_into_fewer_events(
     chunks = [e for e in events(sync_redis, "j") if e["type"] == "token"]
     assert [c["text"] for c in chunks] == ["c", "oalesce me please"]
     assert sum(c["tokens"] for c in chunks) == len("coalesce me please")
+
+
+class FlakyScripts(SyncScripts):
+    """Fails calls of the named scripts by turns: before Redis saw them, or after (the reply
+    lost), so the worker must resend without duplicating."""
+
+    def __init__(self, client: redis.Redis, sources: tuple[str, ...]) -> None:
+        super().__init__(client)
+        self._sources = sources
+        self.calls = 0
+
+    def run(self, call: ScriptCall) -> Any:
+        if call.source not in self._sources:
+            return super().run(call)
+        self.calls += 1
+        if self.calls % 3 == 1:
+            raise redis.ConnectionError("injected: lost before Redis")
+        reply = super().run(call)
+        if self.calls % 3 == 2:
+            raise redis.ConnectionError("injected: reply lost")
+        return reply
+
+
+def test_events_and_finish_survive_redis_errors_each_applied_once(
+    settings: Settings, sync_redis: redis.Redis
+) -> None:
+    run = FlakyScripts(sync_redis, (scripts.START, scripts.EMIT, scripts.FINISH))
+    active = ActiveJobs()
+    text = "every token reaches the log once"
+    engine = ScriptedEngine({"j": text})
+    admit(run, settings, "j")
+    batcher = Batcher(engine, run, settings, active)
+    batcher.start()
+    try:
+        status = JobRunner(engine, batcher, run, settings, "w", active).generate("j", request())
+    finally:
+        batcher.stop()
+    assert status == {"status": "succeeded"}
+    log = events(sync_redis, "j")
+    assert [e["seq"] for e in log] == list(range(len(log)))
+    assert [e["type"] for e in log].count("done") == 1
+    tokens = [e for e in log if e["type"] == "token"]
+    assert "".join(e["text"] for e in tokens) == text == sync_redis.get(keys.job_text("j"))
+    assert sum(e["tokens"] for e in tokens) == len(text) == log[-1]["usage"]["completion_tokens"]
+    assert sync_redis.zcard(keys.leases()) == 0
+
+
+def test_events_redis_lost_after_acknowledging_them_are_sent_again(
+    settings: Settings, sync_redis: redis.Redis, parts: tuple[CountingScripts, ActiveJobs]
+) -> None:
+    run, active = parts
+    text = "an AOF without its last second"
+
+    def forget_tail(step: int) -> None:
+        """What a restart from `appendfsync everysec` does: the newest writes are gone."""
+        if step == 12:
+            kept = sync_redis.xrange(keys.job_events("j"), max="1-4")
+            sync_redis.delete(keys.job_events("j"))
+            for entry_id, fields in kept:
+                sync_redis.xadd(keys.job_events("j"), fields, id=entry_id)
+            sync_redis.hset(keys.job("j"), "next_seq", 5)
+            sync_redis.set(keys.job_text("j"), text[:4])
+
+    engine = ScriptedEngine({"j": text}, on_step=forget_tail)
+    admit(run, settings, "j")
+    batcher = Batcher(engine, run, settings, active)
+    batcher.start()
+    try:
+        JobRunner(engine, batcher, run, settings, "w", active).generate("j", request())
+    finally:
+        batcher.stop()
+    log = events(sync_redis, "j")
+    assert [e["seq"] for e in log] == list(range(len(log)))
+    assert "".join(e["text"] for e in log if e["type"] == "token") == text
+    assert sync_redis.get(keys.job_text("j")) == text
+    assert sync_redis.hget(keys.job("j"), "status") == "succeeded"

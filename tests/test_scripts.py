@@ -100,8 +100,9 @@ def test_events_get_consecutive_seqs_and_text_accumulates(
 ) -> None:
     admit(run, settings, "s")
     run.run(scripts.start(settings, "s", "w1", started()))
-    chunks = [("s", TokenChunk(text=t, tokens=1).to_wire(), t) for t in ("你好", "\n", "🚀")]
-    assert run.run(scripts.emit(settings, chunks)) == []
+    texts = ("你好", "\n", "🚀")
+    chunks = [("s", i + 1, TokenChunk(text=t, tokens=1).to_wire(), t) for i, t in enumerate(texts)]
+    assert run.run(scripts.emit(settings, chunks)) == [[], [], []]
     done = Done(
         finish_reason="stop", usage=Usage(prompt_tokens=3, completion_tokens=3, total_tokens=6)
     )
@@ -127,8 +128,8 @@ def test_emit_drops_events_of_jobs_no_longer_running(
     cancelled = '{"type":"error","error_type":"cancelled","message":"stopped"}'
     run.run(scripts.finish(settings, "x", "cancelled", {}, cancelled))
     assert run.run(
-        scripts.emit(settings, [("x", TokenChunk(text="a", tokens=1).to_wire(), "a")])
-    ) == ["x"]
+        scripts.emit(settings, [("x", 1, TokenChunk(text="a", tokens=1).to_wire(), "a")])
+    ) == [[], ["x"], []]
     assert [e["type"] for e in log(sync_redis, "x")] == ["started", "error"]
 
 
@@ -139,7 +140,7 @@ def test_emit_stops_a_cancelled_job_whose_worker_missed_the_cancel_message(
     run.run(scripts.start(settings, "x", "w1", started()))
     assert run.run(scripts.cancel(settings, "x")) == "cancelling"  # nobody heard the publish
     chunk = TokenChunk(text="a", tokens=1).to_wire()
-    assert run.run(scripts.emit(settings, [("x", chunk, "a")])) == ["x"]
+    assert run.run(scripts.emit(settings, [("x", 1, chunk, "a")])) == [["x"], [], []]
     assert [e["type"] for e in log(sync_redis, "x")] == ["started", "token"]
 
 
@@ -184,3 +185,45 @@ def test_admission_reports_the_running_jobs_it_reaped(
     reply = run.run(scripts.admit(settings, "next", "owner", "m"))
     assert scripts.reaped_by_admission(reply) == ["dead"]
     assert scripts.check_admitted(reply) == 1
+
+
+def test_emit_applies_only_the_next_seq_so_resends_are_no_ops_and_gaps_refused(
+    run: SyncScripts, settings: Settings, sync_redis: redis.Redis
+) -> None:
+    admit(run, settings, "g")
+    run.run(scripts.start(settings, "g", "w1", started()))
+
+    def chunk(seq: int) -> scripts.EmitItem:
+        return ("g", seq, TokenChunk(text=str(seq), tokens=1).to_wire(), str(seq))
+
+    assert run.run(scripts.emit(settings, [chunk(1), chunk(2)])) == [[], [], []]
+    # A resend after a lost reply, then the next event: applied once each.
+    assert run.run(scripts.emit(settings, [chunk(1), chunk(2), chunk(3)])) == [[], [], []]
+    reply = scripts.parse_emit(run.run(scripts.emit(settings, [chunk(5), chunk(6)])))
+    assert reply.resume_at == {"g": 4}
+    assert sync_redis.get(keys.job_text("g")) == "123"
+    assert [e["seq"] for e in log(sync_redis, "g")] == [0, 1, 2, 3]
+    done = Done(
+        finish_reason="stop", usage=Usage(prompt_tokens=1, completion_tokens=3, total_tokens=4)
+    )
+    behind = scripts.finish(settings, "g", "succeeded", {}, done.to_wire(), final_seq=5)
+    assert run.run(behind) == scripts.FINISH_BEHIND
+    assert sync_redis.hget(keys.job("g"), "status") == "running"
+    run.run(scripts.emit(settings, [chunk(4)]))
+    assert run.run(behind) == 1
+    assert [e["seq"] for e in log(sync_redis, "g")] == [0, 1, 2, 3, 4, 5]
+    assert run.run(behind) == 1  # a resend after a lost reply: this call's end, not another's
+    other = scripts.finish(settings, "g", "failed", {}, done.to_wire(), final_seq=5)
+    assert run.run(other) == 0
+    assert len(log(sync_redis, "g")) == 6
+
+
+def test_start_resent_by_the_same_worker_finds_it_running_and_emits_once(
+    run: SyncScripts, settings: Settings, sync_redis: redis.Redis
+) -> None:
+    admit(run, settings, "r")
+    assert run.run(scripts.start(settings, "r", "w1", started())) == "running"
+    assert run.run(scripts.start(settings, "r", "w1", started())) == "running"
+    assert run.run(scripts.start(settings, "r", "w2", started("w2"))) == "running"
+    assert [e["type"] for e in log(sync_redis, "r")] == ["started"]
+    assert sync_redis.hget(keys.job("r"), "worker") == "w1"

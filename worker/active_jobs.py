@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import threading
+import time
 from enum import StrEnum
 
 
@@ -13,12 +14,14 @@ class StopReason(StrEnum):
 
 
 class ActiveJobs:
-    """Thread-safe registry of running job ids and the stop requests against them."""
+    """Thread-safe registry of running job ids, the stop requests against them, and how long
+    each one's lease surely holds (on this process's monotonic clock)."""
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self._running: set[str] = set()
         self._stops: dict[str, StopReason] = {}
+        self._lease_until: dict[str, float] = {}
 
     def add(self, job_id: str) -> None:
         with self._lock:
@@ -28,6 +31,25 @@ class ActiveJobs:
         with self._lock:
             self._running.discard(job_id)
             self._stops.pop(job_id, None)
+            self._lease_until.pop(job_id, None)
+
+    def lease_renewed(self, job_ids: list[str], sent_at: float, ttl_s: float) -> None:
+        """Redis extended these leases by `ttl_s` at some moment after `sent_at` (monotonic)."""
+        with self._lock:
+            for job_id in job_ids:
+                if job_id in self._running:
+                    self._lease_until[job_id] = sent_at + ttl_s
+
+    def expired_leases(self) -> list[str]:
+        """Jobs whose lease, once taken, may have run out by now."""
+        now = time.monotonic()
+        with self._lock:
+            return [job_id for job_id, until in self._lease_until.items() if now >= until]
+
+    def lease_valid(self, job_id: str) -> bool:
+        """Whether the job's lease surely still holds (never renewed: not known to)."""
+        with self._lock:
+            return time.monotonic() < self._lease_until.get(job_id, float("-inf"))
 
     def ids(self) -> list[str]:
         with self._lock:

@@ -4,8 +4,11 @@ Job threads `submit` a `BatchJob` and wait on its `done` event. The loop admits 
 while the batch has room (jobs and tokens: prompt + `max_tokens` each, against
 `TOKENRELAY_WORKER_MAX_BATCH_TOKENS`), drops stopped jobs (cancelled, lease lost, drain
 over) before every step, runs one engine step, turns tokens into text (never splitting a
-character, never leaking a stop string) and sends the events of all jobs of that step to
-Redis in one script call. With `TOKENRELAY_FLUSH_INTERVAL_MS` > 0, a job's text is held
+character, never leaking a stop string), numbers each job's events in its `JobLog` and sends
+the unacknowledged events of all jobs to Redis in one script call; after a Redis error they
+stay in the logs and the next try waits a bounded backoff (`worker.delivery`), while
+decoding goes on. A job that leaves the batch hands its log to its runner, which sends the
+rest with its FINISH. With `TOKENRELAY_FLUSH_INTERVAL_MS` > 0, a job's text is held
 until that long after its previous chunk (the first chunk and the last are never held), so
 fast jobs send several tokens per event.
 """
@@ -20,13 +23,11 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import Literal
 
-from redis.exceptions import RedisError
-
-from tokenrelay.shared import scripts
 from tokenrelay.shared.events import TokenChunk
 from tokenrelay.shared.script_runner import SyncScripts
 from tokenrelay.shared.settings import Settings
-from tokenrelay.worker.active_jobs import ActiveJobs, StopReason
+from tokenrelay.worker.active_jobs import ActiveJobs
+from tokenrelay.worker.delivery import Backoff, Courier, JobLog
 from tokenrelay.worker.engine import Engine, IncrementalDecoder, SamplingParams, TokenOutput
 from tokenrelay.worker.stop_strings import StopStringMatcher
 
@@ -44,6 +45,7 @@ class BatchJob:
     params: SamplingParams
     decoder: IncrementalDecoder
     matcher: StopStringMatcher
+    log: JobLog
     completion_tokens: int = 0
     unsent_tokens: int = 0
     unsent_text: str = ""
@@ -63,7 +65,8 @@ class Batcher:
         self, engine: Engine, redis_scripts: SyncScripts, settings: Settings, active: ActiveJobs
     ) -> None:
         self._engine = engine
-        self._scripts = redis_scripts
+        self._courier = Courier(redis_scripts, settings, active)
+        self._backoff = Backoff()
         self._settings = settings
         self._active = active
         self._inbox: queue.Queue[BatchJob] = queue.Queue()
@@ -138,7 +141,6 @@ class Batcher:
             self._used_tokens += job.budget_tokens
 
     def _publish(self, outputs: list[TokenOutput]) -> None:
-        events: list[tuple[str, str, str]] = []
         ended: list[BatchJob] = []
         now = time.monotonic()
         flush_interval_s = self._settings.flush_interval_ms / 1000
@@ -159,26 +161,28 @@ class Batcher:
                 job.finish_reason = output.finish_reason
                 text += job.matcher.flush()
             job.unsent_text += text
-            due = job.finish_reason is not None or now - job.last_sent_s >= flush_interval_s
-            if job.unsent_text and due:
+            last = job.finish_reason is not None
+            due = last or now - job.last_sent_s >= flush_interval_s
+            # The last chunk also carries tokens that decoded to no text, so the events count
+            # every completion token.
+            if (job.unsent_text and due) or (last and job.unsent_tokens):
                 chunk = TokenChunk(text=job.unsent_text, tokens=job.unsent_tokens)
-                events.append((job.job_id, chunk.to_wire(), job.unsent_text))
+                job.log.add(chunk.to_wire(), job.unsent_text)
                 job.unsent_text, job.unsent_tokens, job.last_sent_s = "", 0, now
             if job.finish_reason is not None:
                 ended.append(job)
-        if events:
-            self._send(events)
+        self._send()
         for job in ended:
             self._end(job)
 
-    def _send(self, events: list[tuple[str, str, str]]) -> None:
-        try:
-            stopped = self._scripts.run(scripts.emit(self._settings, events))
-        except RedisError as exc:
-            log.warning("could not send %d events: %s", len(events), exc)
+    def _send(self) -> None:
+        logs = [job.log for job in self._running.values() if not job.log.complete]
+        if not logs or not self._backoff.ready():
             return
-        for job_id in stopped:
-            self._active.request_stop(job_id, StopReason.CANCELLED)
+        if self._courier.send(logs):
+            self._backoff.succeeded()
+        else:
+            self._backoff.failed()
 
     def _end(self, job: BatchJob) -> None:
         del self._running[job.job_id]

@@ -5,7 +5,8 @@
 - Renew the leases of the jobs it runs, all in one round trip, every third of the lease
   TTL, and run the lease reaper (ending jobs of dead workers and expired queued jobs).
   A lease found expired means another process may already have declared the job lost:
-  the runner stops it at its next step.
+  the runner stops it at its next step. While renewals fail, a job whose lease ran out on
+  this process's clock (`ActiveJobs.lease_valid`) is stopped the same way.
 - Listen on the cancel channel and flag running jobs for a stop at their next step.
 """
 
@@ -13,6 +14,7 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 
 import redis
 
@@ -74,7 +76,10 @@ class LeaseKeeper:
         self._heartbeat()
         job_ids = self._active.ids()
         if job_ids:
+            sent_at = time.monotonic()
             lost = self._scripts.run(scripts.renew(self._settings, job_ids))
+            renewed = [job_id for job_id in job_ids if job_id not in lost]
+            self._active.lease_renewed(renewed, sent_at, self._settings.lease_ttl_s)
             for job_id in lost:
                 log.warning("lease of job %s expired before renewal; stopping it", job_id)
                 self._active.request_stop(job_id, StopReason.LEASE_LOST)
@@ -89,6 +94,8 @@ class LeaseKeeper:
                 self.renew_once()
             except redis.RedisError as exc:
                 log.warning("lease renewal failed, will retry: %s", exc)
+                for job_id in self._active.expired_leases():
+                    self._active.request_stop(job_id, StopReason.LEASE_LOST)
 
     def _cancel_loop(self) -> None:
         while not self._stopping.is_set():

@@ -11,6 +11,7 @@ import uuid
 import redis
 from rq.exceptions import StopRequested
 
+from tokenrelay.shared import redis_connect
 from tokenrelay.shared.model_limits import LimitsPublisher
 from tokenrelay.shared.rq_jobs import GENERATE_FUNCTION
 from tokenrelay.shared.script_runner import SyncScripts
@@ -19,7 +20,7 @@ from tokenrelay.worker.active_jobs import ActiveJobs, StopReason
 from tokenrelay.worker.batcher import Batcher
 from tokenrelay.worker.engine import Engine, ModelLoadError
 from tokenrelay.worker.lease_keeper import LeaseKeeper
-from tokenrelay.worker.rq_worker import build_worker
+from tokenrelay.worker.rq_worker import ConcurrentWorker, build_worker
 from tokenrelay.worker.runner import JobRunner
 from tokenrelay.worker.synthetic_engine import SyntheticEngine
 
@@ -56,6 +57,17 @@ def _demo_shape(settings: Settings) -> str:
     return "tiny-h32" if settings.engine == "vllm" else "tiny"
 
 
+def _deregister(worker: ConcurrentWorker) -> bool:
+    """Mark RQ's record of a work loop that ended abnormally dead, so the next loop may
+    register under the same name (RQ refuses a name whose record looks alive)."""
+    try:
+        worker.register_death()
+    except redis.RedisError as exc:
+        log.warning("could not deregister from RQ yet: %r", exc)
+        return False
+    return True
+
+
 def run_worker(settings: Settings, *, demo: bool = False) -> int:
     """Run until stopped (SIGTERM/SIGINT: finish the current job, then exit 0)."""
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
@@ -80,8 +92,8 @@ def run_worker(settings: Settings, *, demo: bool = False) -> int:
         )
         return EXIT_MODEL_UNAVAILABLE
     name = f"tokenrelay-{uuid.uuid4().hex[:12]}"
-    connection = redis.Redis.from_url(settings.redis_url)
-    scripts_client = redis.Redis.from_url(settings.redis_url, decode_responses=True)
+    connection = redis_connect.sync_client(settings)
+    scripts_client = redis_connect.sync_client(settings, decode_responses=True)
     active = ActiveJobs()
     redis_scripts = SyncScripts(scripts_client)
     batcher = Batcher(engine, redis_scripts, settings, active)
@@ -125,13 +137,17 @@ def run_worker(settings: Settings, *, demo: bool = False) -> int:
             )
             try:
                 worker.work(logging_level="INFO")
-            except (redis.ConnectionError, redis.TimeoutError) as exc:
-                log.warning("lost Redis: %s", exc)
-            if not stopping.is_set():
-                # RQ's loop also ends by itself on a Redis timeout or an unexpected error:
-                # only a stop request ends this worker.
+            except redis.RedisError as exc:
+                # Connection, timeout, and a server that is no primary (READONLY) or still
+                # loading its data (LOADING): all wait for Redis to be usable again.
+                log.warning("lost Redis: %r", exc)
+            # RQ's loop also ends by itself on a Redis timeout or an unexpected error:
+            # only a stop request ends this worker.
+            while not stopping.is_set():
                 log.warning("RQ's work loop ended; restarting it in %.1fs", _RECONNECT_BACKOFF_S)
                 time.sleep(_RECONNECT_BACKOFF_S)
+                if _deregister(worker):
+                    break
     except StopRequested:
         log.info("stop requested while reconnecting")
     finally:

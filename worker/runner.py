@@ -1,10 +1,19 @@
 """Run one generation job on a job thread: take it over, hand it to the batcher, wait for
-it to leave the batch, end it exactly once."""
+it to leave the batch, end it exactly once.
+
+START and FINISH are retried with a bounded backoff through Redis errors: START for up to a
+lease TTL (a resend after a lost reply finds the job running here), FINISH, with the job's
+events its log still lacks, for as long as the job's lease holds, so a job whose generation
+completed is finished, never reaped, while its worker lives.
+"""
 
 from __future__ import annotations
 
 import logging
+import time
 from typing import Any
+
+from redis.exceptions import RedisError
 
 from tokenrelay.shared import scripts
 from tokenrelay.shared.errors import GenerationFailed, JobCancelled, TokenrelayError, WorkerLost
@@ -16,6 +25,7 @@ from tokenrelay.shared.script_runner import SyncScripts
 from tokenrelay.shared.settings import Settings
 from tokenrelay.worker.active_jobs import ActiveJobs, StopReason
 from tokenrelay.worker.batcher import Batcher, BatchJob
+from tokenrelay.worker.delivery import Backoff, Courier, JobLog
 from tokenrelay.worker.engine import Engine, SamplingParams
 from tokenrelay.worker.stop_strings import StopStringMatcher
 
@@ -42,6 +52,7 @@ class JobRunner:
         self._settings = settings
         self._worker_name = worker_name
         self._active = active
+        self._courier = Courier(redis_scripts, settings, active)
 
     def generate(self, job_id: str, request: dict[str, Any]) -> dict[str, str]:
         """Run the job; returns its terminal status. Raises if it failed (RQ marks it failed)."""
@@ -53,9 +64,7 @@ class JobRunner:
         started = Started(worker=self._worker_name, prompt_tokens=len(prompt_ids))
         self._active.add(job_id)
         try:
-            status = self._scripts.run(
-                scripts.start(self._settings, job_id, self._worker_name, started.to_wire())
-            )
+            status = self._start(job_id, started.to_wire())
             if status != JobStatus.RUNNING:
                 log.info("job %s not started: %s", job_id, status)
                 return {"status": str(status)}
@@ -63,7 +72,28 @@ class JobRunner:
         finally:
             self._active.remove(job_id)
 
+    def _start(self, job_id: str, started_event: str) -> Any:
+        call = scripts.start(self._settings, job_id, self._worker_name, started_event)
+        give_up_at = time.monotonic() + self._settings.lease_ttl_s
+        backoff = Backoff()
+        while True:
+            sent_at = time.monotonic()
+            try:
+                status = self._scripts.run(call)
+            except RedisError as exc:
+                if time.monotonic() >= give_up_at:
+                    raise
+                log.warning("START of job %s failed, will retry: %s", job_id, exc)
+                backoff.failed()
+                time.sleep(backoff.wait_s())
+                continue
+            if status == JobStatus.RUNNING:
+                self._active.lease_renewed([job_id], sent_at, self._settings.lease_ttl_s)
+            return status
+
     def _run_started(self, job_id: str, request: GenerationRequest, prompt_ids: list[int]) -> str:
+        fresh_log = JobLog(job_id)
+        job_log: JobLog | None = fresh_log
         try:
             self._check_fits(request, len(prompt_ids))
             job = BatchJob(
@@ -74,18 +104,21 @@ class JobRunner:
                 matcher=StopStringMatcher(
                     request.stop, include_stop=request.include_stop_str_in_output
                 ),
+                log=fresh_log,
             )
             self._batcher.submit(job)
+            job_log = None  # the batcher's until the job leaves the batch
             self._wait(job)
+            job_log = job.log
             if job.error is not None:
                 raise job.error
         except TokenrelayError as exc:
-            self._fail(job_id, exc)
+            self._fail(job_id, job_log, exc)
             raise
         except Exception as exc:
             log.exception("job %s failed", job_id)
             failure = GenerationFailed(f"generation failed: {type(exc).__name__}: {exc}")
-            self._fail(job_id, failure)
+            self._fail(job_id, job_log, failure)
             raise failure from exc
         return self._conclude(job, len(prompt_ids))
 
@@ -116,6 +149,8 @@ class JobRunner:
         )
 
     def _conclude(self, job: BatchJob, prompt_tokens: int) -> str:
+        """FINISH the job; raises `WorkerLost` when it ends failed, or when another process
+        (the reaper) had ended it, so RQ lists it as failed, like tokenrelay, never finished."""
         fields: dict[str, scripts.Arg] = {
             JobField.PROMPT_TOKENS: prompt_tokens,
             JobField.COMPLETION_TOKENS: job.completion_tokens,
@@ -123,7 +158,11 @@ class JobRunner:
         reason = self._active.stop_reason(job.job_id)
         if job.finish_reason is None and reason is not None:
             status, error = _STOPPED[reason]
-            self._finish(job.job_id, status, {**fields, **error_fields(error)}, error.to_wire())
+            fields |= error_fields(error)
+            if not self._finish(job.job_id, job.log, status, fields, error):
+                raise WorkerLost(WorkerLost.LEASE_EXPIRED_MESSAGE)
+            if status == JobStatus.FAILED:
+                raise WorkerLost(error.message)
             return status
         finish_reason = job.finish_reason or "stop"
         usage = Usage(
@@ -133,17 +172,44 @@ class JobRunner:
         )
         done = Done(finish_reason=finish_reason, usage=usage)
         fields[JobField.FINISH_REASON] = finish_reason
-        self._finish(job.job_id, JobStatus.SUCCEEDED, fields, done.to_wire())
+        if not self._finish(job.job_id, job.log, JobStatus.SUCCEEDED, fields, done):
+            raise WorkerLost(WorkerLost.LEASE_EXPIRED_MESSAGE)
         return JobStatus.SUCCEEDED
 
-    def _fail(self, job_id: str, exc: TokenrelayError) -> None:
+    def _fail(self, job_id: str, job_log: JobLog | None, exc: TokenrelayError) -> None:
         error = Error(error_type=exc.error_type, message=exc.message)
-        self._finish(job_id, JobStatus.FAILED, dict(error_fields(error)), error.to_wire())
+        self._finish(job_id, job_log, JobStatus.FAILED, dict(error_fields(error)), error)
 
     def _finish(
-        self, job_id: str, status: JobStatus, fields: dict[str, scripts.Arg], event: str
-    ) -> None:
-        self._scripts.run(scripts.finish(self._settings, job_id, status, fields, event))
+        self,
+        job_id: str,
+        job_log: JobLog | None,
+        status: JobStatus,
+        fields: dict[str, scripts.Arg],
+        event: Done | Error,
+    ) -> bool:
+        """Send what the job's log lacks, then FINISH, until Redis took both or the lease ran
+        out (then the reaper ends the job). Without a log (the batcher may still hold it, after
+        RQ's job timeout) FINISH alone, unchecked. True if this call ended the job."""
+        final_seq = -1 if job_log is None else job_log.next_seq
+        call = scripts.finish(self._settings, job_id, status, fields, event.to_wire(), final_seq)
+        backoff = Backoff()
+        while True:
+            if job_log is None or self._courier.send([job_log]):
+                try:
+                    outcome = self._scripts.run(call)
+                except RedisError as exc:
+                    log.warning("FINISH of job %s failed, will retry: %s", job_id, exc)
+                else:
+                    if outcome != scripts.FINISH_BEHIND:
+                        return bool(outcome == 1)
+                    if job_log is not None:
+                        job_log.resend_all()
+            if not self._active.lease_valid(job_id):
+                log.warning("job %s: its lease ran out before Redis took its end", job_id)
+                return False
+            backoff.failed()
+            time.sleep(backoff.wait_s())
 
 
 _STOPPED: dict[StopReason, tuple[JobStatus, Error]] = {

@@ -9,6 +9,7 @@ from redis.exceptions import RedisError
 from tokenrelay.api.deps import StateDep
 from tokenrelay.api.error_docs import AUTH_ERRORS
 from tokenrelay.api.errors import error_response
+from tokenrelay.shared import redis_connect
 from tokenrelay.shared.errors import RedisUnavailable
 
 router = APIRouter(tags=["health"])
@@ -22,9 +23,12 @@ async def healthz() -> dict[str, str]:
 
 @router.get("/readyz", response_model=None, responses={503: AUTH_ERRORS[503]})
 async def readyz(state: StateDep) -> dict[str, str] | JSONResponse:
-    """Ready when Redis answers; 503 `redis_unavailable` otherwise."""
+    """Ready when the Redis this process talks to is a primary (`ROLE`: a replica answers PING
+    but refuses writes); 503 `redis_unavailable` otherwise."""
     try:
-        await state.redis.ping()
+        role = await state.redis.execute_command("ROLE")
     except (RedisError, OSError):
         return error_response(RedisUnavailable("Redis is unreachable"))
+    if not redis_connect.is_primary(role):
+        return error_response(RedisUnavailable("Redis is a replica, not the primary"))
     return {"status": "ready"}

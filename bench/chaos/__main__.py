@@ -3,6 +3,7 @@ worker, an API process and Redis are killed and started again; then one table.
 
     .venv/bin/python -m bench.chaos               # 60 s of load, then the table
     .venv/bin/python -m bench.chaos --duration 90
+    .venv/bin/python -m bench.chaos --persistence # Redis with AOF (everysec), SIGKILLed
 
 The load: concurrent clients, each looping over streams, non-streaming completions, async
 jobs (followed to their end over SSE, resumed with `Last-Event-ID` through the other API
@@ -11,7 +12,10 @@ after the first token. Every client operation has a deadline (`OP_TIMEOUT_S`); o
 passes it counts as hung. The schedule: a worker is SIGKILLed and replaced, an API process is
 SIGKILLed and restarted on its port, Redis is killed and restarted (empty: it has no
 persistence, so jobs admitted before it vanish, and their clients get `redis_unavailable`);
-the load goes on after each, for at least 20 s after Redis is back.
+the load goes on after each, for at least 20 s after Redis is back. With `--persistence`,
+Redis keeps an append-only file (`appendfsync everysec`, as compose runs it) and restarts on
+it: no accepted job may be lost, and every succeeded job's stored text must equal what its
+client received (streamed, followed over SSE, or in the completion's body).
 After the load the bench waits for the lease set to drain, then reads every job record left
 in Redis: none may be without a terminal state, and no lease may be left.
 """
@@ -33,6 +37,7 @@ import httpx
 import redis.asyncio
 
 from bench.chaos.cluster import MODEL_NAME, ChaosCluster
+from tokenrelay.cli.embedded_redis import EmbeddedRedis
 from tokenrelay.shared import keys
 from tokenrelay.shared.jobs import JobField, JobStatus
 
@@ -74,6 +79,7 @@ class Tally:
     most_leases: int = 0
     redis_restarted_at: float = float("inf")
     lost_with_redis: int = 0
+    received: dict[str, str] = field(default_factory=dict)  # succeeded job id -> its text
 
     def admit(self, job_id: str) -> None:
         self.admitted.setdefault(job_id, time.monotonic())
@@ -114,9 +120,11 @@ class Load:
                 await self.refused(r)
                 return
             finished = False
+            job_id, text = "", ""
             async for line in r.aiter_lines():
                 if line == "data: [DONE]" and finished:
                     self.tally.record(Outcome.SUCCEEDED)
+                    self.tally.received[job_id] = text
                     return
                 if not line.startswith("data: {"):
                     continue
@@ -127,6 +135,7 @@ class Load:
                 job_id = chunk["id"].removeprefix("chatcmpl-")
                 self.tally.admit(job_id)
                 choice = chunk["choices"][0] if chunk["choices"] else {}
+                text += choice.get("delta", {}).get("content") or ""
                 finished = finished or choice.get("finish_reason") is not None
                 if abandon and choice.get("delta", {}).get("content"):
                     self.tally.abandoned.add(job_id)
@@ -137,8 +146,10 @@ class Load:
     async def completion(self) -> None:
         r = await self.http.post(self.url("/v1/chat/completions"), json=body(32))
         if r.status_code == 200:
-            self.tally.admit(r.json()["id"].removeprefix("chatcmpl-"))
+            job_id = r.json()["id"].removeprefix("chatcmpl-")
+            self.tally.admit(job_id)
             self.tally.record(Outcome.SUCCEEDED)
+            self.tally.received[job_id] = r.json()["choices"][0]["message"]["content"]
         else:
             await self.refused(r)
 
@@ -159,6 +170,7 @@ class Load:
         """Read the job's events to its end, resuming through any API after a dropped
         connection, as a client with `Last-Event-ID` does."""
         last_seq = -1
+        text = ""
         while True:
             headers = {"Last-Event-ID": str(last_seq)} if last_seq >= 0 else {}
             try:
@@ -174,8 +186,11 @@ class Load:
                             last_seq = int(line[4:])
                         elif line.startswith("data: "):
                             event = json.loads(line[6:])
+                            if event.get("type") == "token":
+                                text += event["text"]
                             if event.get("type") == "done":
                                 self.tally.record(Outcome.SUCCEEDED)
+                                self.tally.received[job_id] = text
                                 return
                             if event.get("type") == "error" or "error" in event:
                                 self.record_error(event)
@@ -258,11 +273,13 @@ async def chaos(cluster: ChaosCluster, ports: list[int], tally: Tally, log: Log)
     await asyncio.sleep(3)
     await asyncio.to_thread(cluster.redis_server.start)
     tally.redis_restarted_at = time.monotonic()
-    log("Redis restarted (empty)")
+    persistent = cluster.redis_server.persistent
+    log("Redis restarted " + ("on its append-only file" if persistent else "(empty)"))
 
 
-async def settle(redis_url: str) -> tuple[int, dict[str, str]]:
-    """Wait for the lease set to drain; then the leases left and every job record's status."""
+async def settle(redis_url: str) -> tuple[int, dict[str, str], dict[str, str]]:
+    """Wait for the lease set to drain; then the leases left, every job record's status and
+    every succeeded job's stored text."""
     client = redis.asyncio.Redis.from_url(redis_url, decode_responses=True)
     try:
         deadline = time.monotonic() + DRAIN_TIMEOUT_S
@@ -274,18 +291,23 @@ async def settle(redis_url: str) -> tuple[int, dict[str, str]]:
         async for key in client.scan_iter(match=keys.job("*"), count=1000):
             if key.count(":") == depth:  # not a job's event log, channel or text
                 statuses[key.rsplit(":", 1)[1]] = str(await client.hget(key, JobField.STATUS))
-        return leases, statuses
+        texts = {
+            job_id: str(await client.get(keys.job_text(job_id)) or "")
+            for job_id, status in statuses.items()
+            if status == JobStatus.SUCCEEDED
+        }
+        return leases, statuses, texts
     finally:
         await client.aclose()
 
 
-async def run(duration_s: float) -> None:
+async def run(duration_s: float, persistent: bool) -> None:
     started = time.monotonic()
 
     def log(message: str) -> None:
         print(f"[{time.monotonic() - started:5.1f}s] {message}", flush=True)
 
-    with ChaosCluster(SETTINGS) as cluster:
+    with ChaosCluster(SETTINGS, redis_server=EmbeddedRedis(persistent=persistent)) as cluster:
         ports = [cluster.start_api(), cluster.start_api()]
         cluster.start_worker()
         cluster.start_worker()
@@ -300,29 +322,41 @@ async def run(duration_s: float) -> None:
                 chaos(cluster, ports, tally, log), *(load.client(until) for _ in range(CLIENTS))
             )
             log("load stopped; waiting for the leases to drain")
-            leases, statuses = await settle(cluster.redis_url)
+            leases, statuses, texts = await settle(cluster.redis_url)
         finally:
             stop.set()
             await sampler
             await load.http.aclose()
         log("done")
-    print_table(tally, leases, statuses)
+    print_table(tally, leases, statuses, texts, persistent)
 
 
-def print_table(tally: Tally, leases: int, statuses: dict[str, str]) -> None:
+def print_table(
+    tally: Tally, leases: int, statuses: dict[str, str], texts: dict[str, str], persistent: bool
+) -> None:
     terminal = {status.value for status in JobStatus if status.is_terminal}
     unfinished = [job_id for job_id, status in statuses.items() if status not in terminal]
     before = {j for j, seen in tally.admitted.items() if seen < tally.redis_restarted_at}
     missing = tally.admitted.keys() - before - statuses.keys()
+    differs = [j for j, text in tally.received.items() if j in texts and texts[j] != text]
+    kept = [
+        ("accepted jobs lost (must be 0)", len(tally.admitted.keys() - statuses.keys())),
+        ("  records in Redis at the end", len(statuses)),
+    ]
+    wiped = [
+        ("  before the Redis restart (records wiped with it)", len(before)),
+        ("  in flight when Redis was killed: lost with it", tally.lost_with_redis),
+        ("  after it: records in Redis at the end", len(statuses)),
+        ("  after it: admitted but no record (must be 0)", len(missing)),
+    ]
     abandoned = Counter(statuses.get(j, "wiped with Redis") for j in tally.abandoned)
     rows = [
         ("requests sent", sum(tally.ops.values())),
         *((f"  {outcome.value}", tally.outcomes[outcome]) for outcome in Outcome),
         ("jobs admitted (seen by clients)", len(tally.admitted)),
-        ("  before the Redis restart (records wiped with it)", len(before)),
-        ("  in flight when Redis was killed: lost with it", tally.lost_with_redis),
-        ("  after it: records in Redis at the end", len(statuses)),
-        ("  after it: admitted but no record (must be 0)", len(missing)),
+        *(kept if persistent else wiped),
+        ("succeeded jobs whose text differs from what was streamed (must be 0)", len(differs)),
+        ("  succeeded jobs compared", sum(j in texts for j in tally.received)),
         ("jobs without a terminal state (must be 0)", len(unfinished)),
         ("leases left (must be 0)", leases),
         ("max concurrently admitted / limit", f"{tally.most_leases} / {LIMIT}"),
@@ -343,8 +377,11 @@ def main() -> None:
         prog="python -m bench.chaos", description=__doc__.splitlines()[0]
     )
     parser.add_argument("--duration", type=float, default=60.0, help="seconds of load")
+    parser.add_argument(
+        "--persistence", action="store_true", help="Redis with an append-only file (everysec)"
+    )
     args = parser.parse_args()
-    asyncio.run(run(args.duration))
+    asyncio.run(run(args.duration, args.persistence))
 
 
 if __name__ == "__main__":

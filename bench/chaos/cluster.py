@@ -1,9 +1,9 @@
 """Real processes for `bench.chaos` and `bench.disconnect`, each killable on its own.
 
 `ChaosCluster` runs an embedded Redis (`stop()` / `start()` keep its port; a restarted Redis
-is empty: no persistence), `tokenrelay api` processes (one uvicorn process each, on a port
-that a restart reuses) and `tokenrelay worker` processes on the tiny Qwen2 checkpoint, all
-on the shared process harness (`tokenrelay.cli.harness`).
+is empty unless it was made `persistent`), `tokenrelay api` processes (one uvicorn process
+each, on a port that a restart reuses) and `tokenrelay worker` processes on the tiny Qwen2
+checkpoint, all on the shared process harness (`tokenrelay.cli.harness`).
 """
 
 from __future__ import annotations

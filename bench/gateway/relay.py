@@ -83,7 +83,10 @@ class LockstepPublisher:
         job_ids = list(self._remaining)
         for offset in range(0, len(job_ids), self._batch_jobs):
             batch = job_ids[offset : offset + self._batch_jobs]
-            events = [(job_id, _TOKEN_EVENT, _WORD) for job_id in batch]
+            events = [
+                (job_id, 1 + self._tokens_per_job - self._remaining[job_id], _TOKEN_EVENT, _WORD)
+                for job_id in batch
+            ]
             await self._scripts.run(scripts.emit(self._settings, events))
         ended = []
         for job_id in job_ids:

@@ -5,8 +5,9 @@ draining every job channel as an API process would, and prints Redis CPU and com
 event for several jobs-per-call batch sizes (a real engine's decoding step carries every
 running job, so one EMIT call carries one event per job).
 
-- `current`: `tokenrelay.shared.scripts.EMIT` — per event HGET status, HINCRBY next_seq,
-  XADD, PUBLISH, APPEND text.
+- `current`: `tokenrelay.shared.scripts.EMIT` — per event HMGET status, cancel flag and
+  next_seq (the event applies only as the job's next seq), HSET next_seq, XADD, PUBLISH,
+  APPEND text.
 - `lean` (a proposal, not used by tokenrelay): per event XADD with an auto sequence
   (`1-*`, Redis >= 7.0; the entry id carries `seq`) and PUBLISH. A job that has ended is
   detected by XADD failing, because ending a job would `XSETID` its log to `2-0`; the job
@@ -18,6 +19,7 @@ running job, so one EMIT call carries one event per job).
 from __future__ import annotations
 
 import argparse
+import itertools
 import socket
 import sys
 import threading
@@ -96,8 +98,13 @@ def measure(
     send: Callable[[], object]
     if variant == "current":
         script = client.register_script(scripts.EMIT)
-        call = scripts.emit(settings, [(job_id, _EVENT, "lorem ") for job_id in job_ids])
-        send = lambda: script(keys=call.keys, args=call.args)  # noqa: E731
+        sent = itertools.count()
+
+        def send() -> object:
+            seq = next(sent)  # EMIT applies each job's next seq only
+            call = scripts.emit(settings, [(job_id, seq, _EVENT, "lorem ") for job_id in job_ids])
+            return script(keys=call.keys, args=call.args)
+
     else:
         script = client.register_script(LEAN_EMIT)
         lean_args: list[str | int] = [keys.job_events("{id}"), keys.job_channel("{id}")]

@@ -166,6 +166,13 @@ Secret with Kubernetes' $(VAR) expansion; external Redis: the URL straight from 
     secretKeyRef:
       name: {{ include "tokenrelay.redis.secretName" . }}
       key: {{ .Values.redis.external.existingSecretUrlKey }}
+{{- with .Values.redis.external.sentinel.existingSecretPasswordKey }}
+- name: TOKENRELAY_REDIS_SENTINEL_PASSWORD
+  valueFrom:
+    secretKeyRef:
+      name: {{ include "tokenrelay.redis.secretName" $ }}
+      key: {{ . }}
+{{- end }}
 {{- end }}
 {{- end }}
 

@@ -1,5 +1,19 @@
 -- FINISH: the job library's KEYS and ARGV[1..26] (library.lua), then
 -- ARGV[27] job id, ARGV[28] terminal status, ARGV[29] hash fields (JSON object),
--- ARGV[30] final event (JSON without seq). Returns 1 if this call ended the job.
-local done = finish(ARGV[27], ARGV[28], cjson.decode(ARGV[29]), ARGV[30])
+-- ARGV[30] final event (JSON without seq), ARGV[31] the seq the final event must get
+-- (-1: any; the job's worker passes its count of events, so a log that lost some of them is
+-- never closed). Returns 1 if this call ended the job (or a resend of it finds the job ended
+-- so: that status, its final event at that seq), 0 if it was already terminal otherwise or
+-- is unknown, -1 if the job still runs and its log lacks events below that seq.
+local id, status, expected = ARGV[27], ARGV[28], tonumber(ARGV[31])
+if expected >= 0 then
+  local current, next_seq = unpack(redis.call('HMGET', key(T_HASH, id), F_STATUS, F_NEXT_SEQ))
+  if current == S_RUNNING and tonumber(next_seq) < expected then
+    return -1
+  end
+  if current == status and tonumber(next_seq) == expected + 1 then
+    return 1
+  end
+end
+local done = finish(id, status, cjson.decode(ARGV[29]), ARGV[30])
 return done and 1 or 0

@@ -35,11 +35,18 @@ local function key(template, id)
   return (string.gsub(template, '{id}', id))
 end
 
-local function emit(id, event)
-  local seq = redis.call('HINCRBY', key(T_HASH, id), F_NEXT_SEQ, 1) - 1
+-- Append `event` as number `seq` to the job's log and publish it (the caller advanced
+-- F_NEXT_SEQ past it).
+local function append(id, seq, event)
   local payload = '{"seq":' .. seq .. ',' .. string.sub(event, 2)
   redis.call('XADD', key(T_LOG, id), 'MAXLEN', '~', LOG_MAXLEN, '1-' .. seq, 'e', payload)
   redis.call('PUBLISH', key(T_CHAN, id), payload)
+end
+
+-- Append `event` as the job's next event; returns its seq.
+local function emit(id, event)
+  local seq = redis.call('HINCRBY', key(T_HASH, id), F_NEXT_SEQ, 1) - 1
+  append(id, seq, event)
   return seq
 end
 

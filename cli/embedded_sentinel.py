@@ -1,0 +1,131 @@
+"""A Sentinel-managed Redis on free local ports: a primary, a replica and three sentinels
+(quorum 2), for tests and `bench.chaos`, from the same `redis-server` binary
+(`redis-server <conf> --sentinel`).
+
+`failover()` asks the sentinels to promote the replica now (`SENTINEL FAILOVER`), as they do
+by themselves when the primary stops answering for `down_after_ms`.
+"""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+import tempfile
+import time
+from pathlib import Path
+
+import redis
+
+from tokenrelay.cli.embedded_redis import EmbeddedRedis, find_redis_server, free_port
+
+SERVICE = "mymaster"
+SENTINELS = 3
+QUORUM = 2
+
+
+class EmbeddedSentinel:
+    """`with EmbeddedSentinel() as group:`; `group.sentinels` is the
+    `TOKENRELAY_REDIS_SENTINELS` value, `group.primary_port()` asks them where the primary is."""
+
+    def __init__(self, down_after_ms: int = 1000, failover_timeout_ms: int = 5000) -> None:
+        self._binary = find_redis_server()
+        self._dir = Path(tempfile.mkdtemp(prefix="tokenrelay-sentinel-"))
+        self.servers = [EmbeddedRedis()]
+        self.servers.append(
+            EmbeddedRedis(extra_args=("--replicaof", "127.0.0.1", str(self.servers[0].port)))
+        )
+        self.sentinel_ports = [free_port() for _ in range(SENTINELS)]
+        self._down_after_ms = down_after_ms
+        self._failover_timeout_ms = failover_timeout_ms
+        self._processes: list[subprocess.Popen[bytes]] = []
+
+    @property
+    def sentinels(self) -> str:
+        return ",".join(f"127.0.0.1:{port}" for port in self.sentinel_ports)
+
+    @property
+    def url(self) -> str:
+        """A plain URL of the first primary (for what takes one; its database applies)."""
+        return self.servers[0].url
+
+    def start(self) -> None:
+        for server in self.servers:
+            server.start()
+        for port in self.sentinel_ports:
+            conf = self._dir / f"sentinel-{port}.conf"
+            conf.write_text(
+                f"port {port}\nbind 127.0.0.1\ndir {self._dir}\n"
+                f"sentinel monitor {SERVICE} 127.0.0.1 {self.servers[0].port} {QUORUM}\n"
+                f"sentinel down-after-milliseconds {SERVICE} {self._down_after_ms}\n"
+                f"sentinel failover-timeout {SERVICE} {self._failover_timeout_ms}\n"
+            )
+            self._processes.append(
+                subprocess.Popen(
+                    [self._binary, str(conf), "--sentinel"],
+                    stdout=subprocess.DEVNULL,
+                    stderr=subprocess.DEVNULL,
+                )
+            )
+        self._wait(lambda: all(self._sees_replica(port) for port in self.sentinel_ports))
+
+    def _sentinel(self, port: int) -> redis.Redis:
+        return redis.Redis(host="127.0.0.1", port=port, socket_timeout=1, decode_responses=True)
+
+    def _sees_replica(self, port: int) -> bool:
+        try:
+            with self._sentinel(port) as client:
+                state = client.sentinel_master(SERVICE)
+                return int(state["num-slaves"]) >= 1 and int(state["num-other-sentinels"]) >= 2
+        except (redis.RedisError, KeyError):
+            return False
+
+    def primary_port(self) -> int:
+        with self._sentinel(self.sentinel_ports[0]) as client:
+            _, port = client.sentinel_get_master_addr_by_name(SERVICE)
+            return int(port)
+
+    def failover(self) -> int:
+        """Promote the replica; returns the new primary's port once it takes writes."""
+        old = self.primary_port()
+        with self._sentinel(self.sentinel_ports[0]) as client:
+            client.sentinel_failover(SERVICE)
+        self._wait(lambda: self.primary_port() != old and self._is_primary(self.primary_port()))
+        return self.primary_port()
+
+    def _is_primary(self, port: int) -> bool:
+        try:
+            with redis.Redis(host="127.0.0.1", port=port, socket_timeout=1) as client:
+                return bool(client.execute_command("ROLE")[0] == b"master")
+        except redis.RedisError:
+            return False
+
+    @staticmethod
+    def _wait(condition: object, timeout_s: float = 30.0) -> None:
+        assert callable(condition)
+        deadline = time.monotonic() + timeout_s
+        while not condition():
+            if time.monotonic() > deadline:
+                raise TimeoutError("the Sentinel group did not settle")
+            time.sleep(0.05)
+
+    def stop(self) -> None:
+        for process in self._processes:
+            process.kill()
+            process.wait(timeout=10)
+        self._processes.clear()
+        for server in self.servers:
+            server.stop()
+
+    def __enter__(self) -> EmbeddedSentinel:
+        try:
+            self.start()
+        except BaseException:
+            self.stop()
+            raise
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.stop()
+        for server in self.servers:
+            server.__exit__()
+        shutil.rmtree(self._dir, ignore_errors=True)

@@ -1,0 +1,91 @@
+"""The one way a tokenrelay process connects to Redis, for every client it has: the API's
+pool (requests, scripts, pub/sub, webhook dispatcher, metrics), RQ's connection, the
+worker's clients.
+
+`TOKENRELAY_REDIS_URL` names the server, its database and password. With
+`TOKENRELAY_REDIS_SENTINELS` set, the server is whichever one the sentinels call the
+primary of `TOKENRELAY_REDIS_SENTINEL_MASTER` (the URL's host and port are then unused, its
+database and password still apply; `TOKENRELAY_REDIS_SENTINEL_PASSWORD` is the sentinels'
+own): redis-py's Sentinel pools look the primary up on every new connection, and drop a
+connection whose server answers as a replica (READONLY), so the next command reaches the new
+primary after a failover.
+
+`is_primary` reads `ROLE`: a replica answers PING and reads too, so readiness asks this.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+from urllib.parse import unquote, urlsplit
+
+import redis
+import redis.asyncio
+import redis.asyncio.sentinel
+import redis.sentinel
+
+from tokenrelay.shared.settings import Settings
+
+SENTINEL_TIMEOUT_S = 2.0
+
+
+def _url_auth(settings: Settings) -> dict[str, Any]:
+    """The database, user name and password of `TOKENRELAY_REDIS_URL`."""
+    parts = urlsplit(settings.redis_url)
+    path = parts.path.strip("/")
+    return {
+        "db": int(path) if path else 0,
+        "username": unquote(parts.username) if parts.username else None,
+        "password": unquote(parts.password) if parts.password else None,
+    }
+
+
+def _sentinel_kwargs(settings: Settings) -> dict[str, Any]:
+    password = settings.redis_sentinel_password
+    return {
+        "socket_timeout": SENTINEL_TIMEOUT_S,
+        "socket_connect_timeout": SENTINEL_TIMEOUT_S,
+        "password": password.get_secret_value() if password else None,
+    }
+
+
+def sync_client(settings: Settings, **options: Any) -> redis.Redis:
+    """A client of the primary; `options` go to each connection (`decode_responses`, ...)."""
+    if not settings.redis_sentinels:
+        return redis.Redis.from_url(settings.redis_url, **options)
+    sentinel = redis.sentinel.Sentinel(
+        settings.redis_sentinels, sentinel_kwargs=_sentinel_kwargs(settings)
+    )
+    return sentinel.master_for(
+        settings.redis_sentinel_master, redis_class=redis.Redis, **_url_auth(settings), **options
+    )
+
+
+def async_client(
+    settings: Settings, *, max_connections: int, **options: Any
+) -> redis.asyncio.Redis:
+    """An asyncio client of the primary on a pool of at most `max_connections`; without
+    Sentinel a blocking pool (a burst waits up to `pool_wait_s` for a connection instead of
+    failing), with it redis-py's Sentinel pool."""
+    if not settings.redis_sentinels:
+        pool_wait_s = options.pop("pool_wait_s", None)
+        pool = redis.asyncio.BlockingConnectionPool.from_url(
+            settings.redis_url, max_connections=max_connections, timeout=pool_wait_s, **options
+        )
+        return redis.asyncio.Redis.from_pool(pool)
+    options.pop("pool_wait_s", None)
+    sentinel = redis.asyncio.sentinel.Sentinel(
+        settings.redis_sentinels, sentinel_kwargs=_sentinel_kwargs(settings)
+    )
+    return sentinel.master_for(
+        settings.redis_sentinel_master,
+        redis_class=redis.asyncio.Redis,
+        max_connections=max_connections,
+        **_url_auth(settings),
+        **options,
+    )
+
+
+def is_primary(role_reply: Any) -> bool:
+    """Whether a `ROLE` reply comes from a primary (the only node that takes writes)."""
+    role = role_reply[0]
+    return (role.decode() if isinstance(role, bytes) else str(role)) == "master"

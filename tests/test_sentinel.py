@@ -1,0 +1,139 @@
+"""Sentinel failover mid-traffic: every client follows the primary, and no accepted job is lost.
+
+Real processes (an API, a worker) configured with `TOKENRELAY_REDIS_SENTINELS` and
+`TOKENRELAY_REDIS_MIN_REPLICAS=1`, against a primary, a replica and three sentinels on free
+ports; `SENTINEL FAILOVER` while clients submit jobs and stream.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+
+import httpx
+import pytest
+import redis
+
+from tests.cluster import MODEL_NAME, Cluster, ClusterFactory
+from tokenrelay.cli.embedded_sentinel import SERVICE, EmbeddedSentinel
+from tokenrelay.cli.harness import eventually
+from tokenrelay.shared import keys
+
+pytestmark = pytest.mark.e2e
+
+RECOVERY_BOUND_S = 30.0
+"""After the new primary takes writes, new requests succeed again within this (README): with
+`MIN_REPLICAS=1` and one replica, that waits for the sentinels to turn the old primary into a
+replica of the new one and for it to resync (about 15 s here)."""
+SHORT = {"model": MODEL_NAME, "messages": [{"role": "user", "content": "go"}], "max_tokens": 8}
+STREAM = {
+    "model": MODEL_NAME,
+    "messages": [{"role": "user", "content": "go"}],
+    "max_tokens": 300,
+    "min_tokens": 300,
+    "stream": True,
+}
+
+
+@pytest.fixture
+def group() -> Iterator[EmbeddedSentinel]:
+    with EmbeddedSentinel() as sentinel_group:
+        yield sentinel_group
+
+
+@dataclass
+class Traffic:
+    """Jobs submitted in a loop and `/readyz` sampled, each on a thread, until `stop`."""
+
+    base_url: str
+    accepted: list[tuple[float, str]] = field(default_factory=list)
+    refused: list[tuple[float, str]] = field(default_factory=list)
+    ready: list[tuple[float, int]] = field(default_factory=list)
+    stop: threading.Event = field(default_factory=threading.Event)
+
+    def submit(self) -> None:
+        with httpx.Client(base_url=self.base_url, timeout=30) as http:
+            while not self.stop.is_set():
+                response = http.post("/v1/jobs", json=SHORT)
+                if response.status_code == 202:
+                    self.accepted.append((time.monotonic(), response.json()["id"]))
+                else:
+                    self.refused.append((time.monotonic(), response.json()["error"]["code"]))
+                self.stop.wait(0.05)
+
+    def sample(self) -> None:
+        with httpx.Client(base_url=self.base_url, timeout=30) as http:
+            while not self.stop.is_set():
+                self.ready.append((time.monotonic(), http.get("/readyz").status_code))
+                self.stop.wait(0.05)
+
+
+def stream_ending(base_url: str, ended: list[str]) -> None:
+    with (
+        httpx.Client(base_url=base_url, timeout=60) as http,
+        http.stream("POST", "/v1/chat/completions", json=STREAM) as response,
+    ):
+        lines = [line for line in response.iter_lines() if line.startswith("data: ")]
+    ended.append(lines[-1] if lines else "")
+    if len(lines) > 1:
+        last = json.loads(lines[-2][6:])
+        ended.append(last.get("error", {}).get("code") or last["choices"][0]["finish_reason"])
+
+
+def test_failover_mid_traffic_is_followed_and_loses_no_accepted_job(
+    group: EmbeddedSentinel, make_cluster: ClusterFactory
+) -> None:
+    settings = {
+        "TOKENRELAY_REDIS_SENTINELS": group.sentinels,
+        "TOKENRELAY_REDIS_SENTINEL_MASTER": SERVICE,
+        "TOKENRELAY_REDIS_MIN_REPLICAS": "1",
+        "TOKENRELAY_LEASE_TTL_S": "6",
+        "TOKENRELAY_WORKER_CONCURRENCY": "2",
+        "OMP_NUM_THREADS": "1",
+    }
+    cluster: Cluster = make_cluster(settings, redis_url=group.url, workers=1)
+    worker = next(c for c in cluster.group.children if c.name == "worker")
+    traffic = Traffic(cluster.base_url)
+    ended: list[str] = []
+    threads = [
+        threading.Thread(target=traffic.submit, daemon=True),
+        threading.Thread(target=traffic.sample, daemon=True),
+        threading.Thread(target=stream_ending, args=(cluster.base_url, ended), daemon=True),
+    ]
+    for thread in threads:
+        thread.start()
+    eventually(lambda: len(traffic.accepted) >= 10, 60, "jobs accepted before the failover")
+    new_port = group.failover()
+    promoted = time.monotonic()
+    eventually(
+        lambda: any(t > promoted for t, _ in traffic.accepted), RECOVERY_BOUND_S, "a new accept"
+    )
+    recovered_s = min(t for t, _ in traffic.accepted if t > promoted) - promoted
+    eventually(
+        lambda: sum(t > promoted for t, _ in traffic.accepted) >= 10, 60, "jobs accepted after"
+    )
+    traffic.stop.set()
+    for thread in threads:
+        thread.join(timeout=90)
+    primary = redis.Redis(host="127.0.0.1", port=new_port, decode_responses=True)
+    try:
+        with httpx.Client(base_url=cluster.base_url, timeout=30) as http:
+            for _, job_id in traffic.accepted:
+                record = http.get(f"/v1/jobs/{job_id}")
+                assert record.status_code == 200, f"accepted job {job_id} lost"
+            eventually(lambda: primary.zcard(keys.leases()) == 0, 60, "every job to end")
+            statuses = {http.get(f"/v1/jobs/{j}").json()["status"] for _, j in traffic.accepted}
+        assert statuses <= {"succeeded", "failed", "expired"}
+        assert ended and ended[0] == "data: [DONE]", ended
+        assert worker.running()
+    finally:
+        primary.close()
+    print(
+        f"failover: first accept {recovered_s:.2f}s after promotion; "
+        f"{len(traffic.refused)} refused ({sorted(set(c for _, c in traffic.refused))}); "
+        f"readyz 503 samples: {sum(code != 200 for _, code in traffic.ready)}; "
+        f"statuses {statuses}"
+    )

@@ -1,0 +1,116 @@
+"""Events of running jobs on their way to Redis: numbered here, kept until the job ends.
+
+A worker is the only writer of a job it runs (START made it the owner; besides it only the
+lease reaper ends the job, once the lease expired), so it numbers the job's events itself:
+seq 0 is START's `Started`, then 1, 2, ... A `JobLog` keeps every event of its job, sent or
+not: Redis with `appendfsync everysec` can come back from a crash without its last second of
+writes, so an acknowledged event may have to be sent again. EMIT applies only a job's next
+seq (a resend is a no-op; a gap is refused with the seq to resume from), and the worker's
+FINISH ends the job only when its log holds every event (`shared/lua/emit.lua`, `finish.lua`).
+
+`Courier` sends the unacknowledged events of many jobs in one EMIT call; `Backoff` spaces
+the tries after a Redis error.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass, field
+
+from redis.exceptions import RedisError
+
+from tokenrelay.shared import scripts
+from tokenrelay.shared.script_runner import SyncScripts
+from tokenrelay.shared.settings import Settings
+from tokenrelay.worker.active_jobs import ActiveJobs, StopReason
+
+log = logging.getLogger(__name__)
+
+FIRST_SEQ = 1
+"""The seq of a job's first event after START's `Started` (seq 0)."""
+
+
+@dataclass(eq=False)
+class JobLog:
+    """One running job's events from `FIRST_SEQ` on; Redis holds every seq below `acked`."""
+
+    job_id: str
+    events: list[tuple[str, str]] = field(default_factory=list)
+    acked: int = FIRST_SEQ
+
+    @property
+    def next_seq(self) -> int:
+        return FIRST_SEQ + len(self.events)
+
+    @property
+    def complete(self) -> bool:
+        return self.acked == self.next_seq
+
+    def add(self, event: str, text: str) -> None:
+        """Number an event (JSON without seq) and the text it appends to the job's text."""
+        self.events.append((event, text))
+
+    def unacked(self) -> list[scripts.EmitItem]:
+        return [
+            (self.job_id, seq, *self.events[seq - FIRST_SEQ])
+            for seq in range(self.acked, self.next_seq)
+        ]
+
+    def resend_all(self) -> None:
+        """Redis lost some acknowledged events: send them all again (EMIT skips the rest)."""
+        self.acked = FIRST_SEQ
+
+
+class Backoff:
+    """Bounded exponential backoff between tries after Redis errors."""
+
+    def __init__(self, first_s: float = 0.05, max_s: float = 1.0) -> None:
+        self._first_s = first_s
+        self._max_s = max_s
+        self._delay_s = 0.0
+        self._next_try = float("-inf")
+
+    def ready(self) -> bool:
+        return time.monotonic() >= self._next_try
+
+    def wait_s(self) -> float:
+        """Seconds until the next try is due (0 when it is)."""
+        return max(0.0, self._next_try - time.monotonic())
+
+    def failed(self) -> None:
+        self._delay_s = min(self._max_s, max(self._first_s, self._delay_s * 2))
+        self._next_try = time.monotonic() + self._delay_s
+
+    def succeeded(self) -> None:
+        self._delay_s = 0.0
+        self._next_try = float("-inf")
+
+
+class Courier:
+    """Sends jobs' unacknowledged events in one EMIT call and applies what Redis answered."""
+
+    def __init__(self, redis_scripts: SyncScripts, settings: Settings, active: ActiveJobs) -> None:
+        self._scripts = redis_scripts
+        self._settings = settings
+        self._active = active
+
+    def send(self, logs: list[JobLog]) -> bool:
+        """Send every unacknowledged event of `logs`; False after a Redis error (they stay
+        unacknowledged, for the next try)."""
+        sent = {job_log.job_id: job_log.next_seq for job_log in logs}
+        items = [item for job_log in logs for item in job_log.unacked()]
+        if not items:
+            return True
+        try:
+            reply = scripts.parse_emit(self._scripts.run(scripts.emit(self._settings, items)))
+        except RedisError as exc:
+            log.warning("could not send %d events, will retry: %s", len(items), exc)
+            return False
+        for job_log in logs:
+            job_log.acked = reply.resume_at.get(job_log.job_id, sent[job_log.job_id])
+        for job_id in reply.cancelled:
+            self._active.request_stop(job_id, StopReason.CANCELLED)
+        for job_id in reply.gone:
+            self._active.request_stop(job_id, StopReason.LEASE_LOST)
+        return True
