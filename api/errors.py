@@ -15,6 +15,7 @@ from fastapi.responses import JSONResponse
 from redis.exceptions import RedisError
 from starlette.exceptions import HTTPException
 
+from tokenrelay.api.field_support import unknown_field_message
 from tokenrelay.shared.errors import (
     InvalidRequest,
     NotFound,
@@ -44,6 +45,8 @@ def validation_message(exc: RequestValidationError) -> tuple[str, str | None]:
         return "the request body is not valid JSON", None
     if field is None:
         return f"invalid request body: {message}", None
+    if first.get("type") == "extra_forbidden":
+        return unknown_field_message(field), field
     return f"`{field}`: {message}", field
 
 

@@ -7,6 +7,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from tokenrelay.api.field_support import check_refused, no_effect, refused
 from tokenrelay.shared.errors import InvalidRequest
 from tokenrelay.shared.events import Usage
 from tokenrelay.shared.generation import ChatMessage, GenerationRequest
@@ -14,19 +15,29 @@ from tokenrelay.shared.rq_jobs import Priority
 from tokenrelay.shared.settings import Settings
 
 MAX_STOP_STRINGS = 4
+_TOOLS = "function calling is not implemented"
 
 
-class TextPart(BaseModel):
+class _Strict(BaseModel):
+    """A part of a request: undeclared fields are refused (400), never dropped."""
+
+    model_config = ConfigDict(extra="forbid")
+
+
+class TextPart(_Strict):
     type: Literal["text"]
     text: str
 
 
-class InputMessage(BaseModel):
-    model_config = ConfigDict(extra="ignore")
-
+class InputMessage(_Strict):
     role: Literal["system", "developer", "user", "assistant"]
     content: str | list[TextPart] | None = None
-    name: str | None = None
+    name: str | None = refused("the chat template has no place for a participant's name")
+    tool_calls: Any = refused(_TOOLS)
+    tool_call_id: Any = refused(_TOOLS)
+    function_call: Any = refused(_TOOLS)
+    refusal: Any = refused("an assistant turn's refusal text; send it as `content`")
+    audio: Any = refused("the served models take and generate text only")
 
     def text(self) -> str:
         if self.content is None:
@@ -36,29 +47,39 @@ class InputMessage(BaseModel):
         return "".join(part.text for part in self.content)
 
 
-class StreamOptions(BaseModel):
+class StreamOptions(_Strict):
     include_usage: bool = False
+    include_obfuscation: bool | None = Field(
+        default=None,
+        description="Only `false` (or absent): tokenrelay pads no stream chunks.",
+    )
 
 
-class SamplingFields(BaseModel):
+class SamplingFields(_Strict):
     """Fields and checks that chat and text completions share."""
-
-    model_config = ConfigDict(extra="ignore")
 
     model: str = Field(min_length=1)
     max_tokens: int | None = Field(default=None, ge=1)
-    min_tokens: int = Field(default=0, ge=0)
+    min_tokens: int = Field(
+        default=0, ge=0, description="vLLM's extension: no end-of-sequence before this many."
+    )
     temperature: float | None = Field(default=None, ge=0.0, le=2.0)
     top_p: float | None = Field(default=None, gt=0.0, le=1.0)
     stop: str | list[str] | None = None
-    include_stop_str_in_output: bool = False
+    include_stop_str_in_output: bool = Field(
+        default=False, description="vLLM's extension: keep the stop string in the text."
+    )
     seed: int | None = Field(default=None, ge=-(2**63), le=2**63 - 1)
     stream: bool = False
     stream_options: StreamOptions | None = None
-    n: int = Field(default=1, ge=1)
-    priority: Priority | None = None
-    user: str | None = None
-    metadata: dict[str, str] | None = None
+    n: int = Field(default=1, ge=1, description="Only 1: one choice per request.")
+    priority: Priority | None = Field(
+        default=None, description="tokenrelay's: the job's queue (default: the key's)."
+    )
+    user: str | None = no_effect("OpenAI's end-user id for abuse monitoring")
+    frequency_penalty: Any = refused("sampling penalties are not implemented")
+    presence_penalty: Any = refused("sampling penalties are not implemented")
+    logit_bias: Any = refused("logit biases are not implemented")
 
     def _generation(
         self,
@@ -68,8 +89,15 @@ class SamplingFields(BaseModel):
         messages: tuple[ChatMessage, ...] = (),
         prompt: str | None = None,
     ) -> GenerationRequest:
+        check_refused(self)
         if self.n != 1:
             raise InvalidRequest(f"`n` must be 1 (one choice per request), got {self.n}", param="n")
+        if self.stream_options is not None and self.stream_options.include_obfuscation:
+            raise InvalidRequest(
+                "`stream_options.include_obfuscation` is not supported: tokenrelay pads no "
+                "stream chunks",
+                param="stream_options.include_obfuscation",
+            )
         max_tokens = max_tokens or settings.default_max_tokens
         if max_tokens > settings.max_tokens_limit:
             raise InvalidRequest(
@@ -113,15 +141,48 @@ class ChatCompletionRequest(SamplingFields):
 
     messages: list[InputMessage] = Field(min_length=1)
     max_completion_tokens: int | None = Field(default=None, ge=1)
-    logprobs: bool | None = None
-    tools: list[dict[str, Any]] | None = None
+    metadata: dict[str, str] | None = no_effect("OpenAI's tags for stored completions")
+    safety_identifier: str | None = no_effect("OpenAI's end-user id for abuse monitoring")
+    prompt_cache_key: str | None = no_effect("OpenAI's prompt cache routing hint")
+    store: bool | None = Field(default=None, description="Only `false`: nothing is stored.")
+    service_tier: Literal["auto", "default"] | None = Field(
+        default=None, description="Only `auto` or `default`: there is one tier."
+    )
+    modalities: list[Literal["text"]] | None = Field(default=None, description='Only `["text"]`.')
+    response_format: dict[str, Any] | None = Field(
+        default=None, description='Only `{"type": "text"}`: structured outputs are refused.'
+    )
+    logprobs: Any = refused("log probabilities are not implemented")
+    top_logprobs: Any = refused("log probabilities are not implemented")
+    tools: Any = refused(_TOOLS)
+    tool_choice: Any = refused(_TOOLS)
+    parallel_tool_calls: Any = refused(_TOOLS)
+    functions: Any = refused(_TOOLS)
+    function_call: Any = refused(_TOOLS)
+    audio: Any = refused("the served models generate text only")
+    prediction: Any = refused("predicted outputs are not implemented")
+    reasoning_effort: Any = refused("the served models do not reason")
+    verbosity: Any = refused("the served models have no verbosity control")
+    web_search_options: Any = refused("there is no web search")
+    moderation: Any = refused("there are no moderation policies")
+    prompt_cache_retention: Any = refused("OpenAI's prompt cache settings")
+    prompt_cache_options: Any = refused("OpenAI's prompt cache settings")
 
     def to_generation(self, settings: Settings) -> GenerationRequest:
         """Check what the schema cannot and build the request the worker runs."""
-        if self.logprobs:
-            raise InvalidRequest("`logprobs` is not supported", param="logprobs")
-        if self.tools:
-            raise InvalidRequest("`tools` (function calling) is not supported", param="tools")
+        for i, message in enumerate(self.messages):
+            check_refused(message, prefix=f"messages.{i}.")
+        if self.store:
+            raise InvalidRequest(
+                "`store: true` is not supported: tokenrelay stores no completions", param="store"
+            )
+        format_type = (self.response_format or {}).get("type", "text")
+        if format_type != "text":
+            raise InvalidRequest(
+                f"`response_format` of type {format_type!r} is not supported: structured "
+                "outputs are not implemented",
+                param="response_format",
+            )
         messages = tuple(
             ChatMessage(role="system" if m.role == "developer" else m.role, content=_content(m, i))
             for i, m in enumerate(self.messages)
@@ -135,17 +196,19 @@ class CompletionRequest(SamplingFields):
 
     prompt: str | list[str]
     max_tokens: int | None = Field(default=16, ge=1)
-    logprobs: int | None = None
-    echo: bool = False
-    suffix: str | None = None
-    best_of: int | None = None
+    echo: bool = Field(default=False, description="Only `false`: the prompt is not echoed.")
+    best_of: int | None = Field(default=None, ge=1, description="Only 1.")
+    logprobs: Any = refused("log probabilities are not implemented")
+    suffix: Any = refused("insertion (fill in the middle) is not implemented")
 
     def to_generation(self, settings: Settings) -> GenerationRequest:
-        for name in ("logprobs", "suffix", "best_of"):
-            if getattr(self, name) is not None:
-                raise InvalidRequest(f"`{name}` is not supported", param=name)
         if self.echo:
-            raise InvalidRequest("`echo` is not supported", param="echo")
+            raise InvalidRequest("`echo` is not supported: the prompt is not echoed", param="echo")
+        if self.best_of not in (None, 1):
+            raise InvalidRequest(
+                f"`best_of` must be 1 (one candidate per choice), got {self.best_of}",
+                param="best_of",
+            )
         prompt = self.prompt
         if isinstance(prompt, list):
             if len(prompt) != 1:

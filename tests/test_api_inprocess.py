@@ -7,8 +7,11 @@ from collections.abc import Iterator
 import pytest
 import redis
 from fastapi.testclient import TestClient
+from openai.types import completion_create_params as completion_params
+from openai.types.chat import completion_create_params as chat_params
 
 from tokenrelay.api.app import create_app
+from tokenrelay.api.field_support import NO_EFFECT, REFUSED, SUPPORT_KEY
 from tokenrelay.shared import scripts
 from tokenrelay.shared.events import Done, Started, TokenChunk, Usage
 from tokenrelay.shared.script_runner import SyncScripts
@@ -107,6 +110,28 @@ def test_openapi_schema_lists_the_http_surface(redis_url: str) -> None:
     assert {"id", "status", "text", "usage", "error", "webhook", "webhook_events_filter"} <= set(
         job_schema["properties"]
     )
+
+
+@pytest.mark.parametrize(
+    ("schema_name", "params"),
+    [
+        ("ChatCompletionRequest", chat_params.CompletionCreateParamsBase),
+        ("CompletionRequest", completion_params.CompletionCreateParamsBase),
+    ],
+)
+def test_every_openai_request_field_is_declared_implemented_or_refused(
+    redis_url: str, schema_name: str, params: type
+) -> None:
+    """The schema names each field of openai-python's request types: none can vanish."""
+    schema = create_app(Settings(redis_url=redis_url)).openapi()["components"]["schemas"]
+    request = schema[schema_name]
+    assert request["additionalProperties"] is False
+    openai_fields = set(params.__annotations__) - {"stream"}
+    assert openai_fields <= set(request["properties"]), openai_fields - set(request["properties"])
+    marks = {name: prop.get(SUPPORT_KEY) for name, prop in request["properties"].items()}
+    assert set(marks.values()) <= {None, REFUSED, NO_EFFECT}
+    assert marks["messages" if schema_name == "ChatCompletionRequest" else "prompt"] is None
+    assert marks["user"] == NO_EFFECT
 
 
 def test_readyz_is_503_when_redis_is_unreachable() -> None:
