@@ -5,7 +5,13 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    SerializerFunctionWrapHandler,
+    model_serializer,
+)
 
 from tokenrelay.api.field_support import check_refused, no_effect, refused
 from tokenrelay.shared.errors import InvalidRequest
@@ -15,6 +21,8 @@ from tokenrelay.shared.rq_jobs import Priority
 from tokenrelay.shared.settings import Settings
 
 MAX_STOP_STRINGS = 4
+#: A list `prompt` runs one job per string, each admitted like a request of its own.
+MAX_PROMPTS = 16
 _TOOLS = "function calling is not implemented"
 
 
@@ -201,7 +209,8 @@ class CompletionRequest(SamplingFields):
     logprobs: Any = refused("log probabilities are not implemented")
     suffix: Any = refused("insertion (fill in the middle) is not implemented")
 
-    def to_generation(self, settings: Settings) -> GenerationRequest:
+    def to_generations(self, settings: Settings) -> list[GenerationRequest]:
+        """One generation per prompt (a list prompt answers one choice per string)."""
         if self.echo:
             raise InvalidRequest("`echo` is not supported: the prompt is not echoed", param="echo")
         if self.best_of not in (None, 1):
@@ -209,17 +218,16 @@ class CompletionRequest(SamplingFields):
                 f"`best_of` must be 1 (one candidate per choice), got {self.best_of}",
                 param="best_of",
             )
-        prompt = self.prompt
-        if isinstance(prompt, list):
-            if len(prompt) != 1:
-                raise InvalidRequest(
-                    f"`prompt` takes one string per request, got a list of {len(prompt)}",
-                    param="prompt",
-                )
-            prompt = prompt[0]
-        if not prompt:
-            raise InvalidRequest("`prompt` must not be empty", param="prompt")
-        return self._generation(settings, self.max_tokens, prompt=prompt)
+        prompts = [self.prompt] if isinstance(self.prompt, str) else self.prompt
+        if not 1 <= len(prompts) <= MAX_PROMPTS:
+            raise InvalidRequest(
+                f"`prompt` takes 1 to {MAX_PROMPTS} strings, got {len(prompts)}", param="prompt"
+            )
+        for i, prompt in enumerate(prompts):
+            if not prompt:
+                field = "prompt" if isinstance(self.prompt, str) else f"prompt.{i}"
+                raise InvalidRequest(f"`{field}` must not be empty", param=field)
+        return [self._generation(settings, self.max_tokens, prompt=p) for p in prompts]
 
 
 def _content(message: InputMessage, index: int) -> str:
@@ -262,8 +270,15 @@ class ChatCompletion(BaseModel):
 
 
 class Delta(BaseModel):
+    """A chunk's change; fields it does not carry are left out, as OpenAI does (`role`
+    only in the first chunk, `{}` in the finish chunk)."""
+
     role: Literal["assistant"] | None = None
     content: str | None = None
+
+    @model_serializer(mode="wrap")
+    def _drop_unset(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
+        return {key: value for key, value in handler(self).items() if value is not None}
 
 
 class ChunkChoice(BaseModel):

@@ -8,6 +8,7 @@ before the end cancels its job, unless the route lets the job run on without a l
 
 from __future__ import annotations
 
+import asyncio
 import json
 import time
 from abc import ABC, abstractmethod
@@ -123,6 +124,36 @@ async def relay(
             state.spawn(cancel_quietly(state, job_id))
     if tail := render.end():
         yield tail
+
+
+async def merge(streams: list[AsyncIterator[bytes]]) -> AsyncIterator[bytes]:
+    """The frames of several relays, each as it comes; leaving early closes them all (and so
+    cancels their jobs)."""
+    queue: asyncio.Queue[bytes | BaseException | None] = asyncio.Queue()
+
+    async def pump(stream: AsyncIterator[bytes]) -> None:
+        try:
+            async for frame in stream:
+                await queue.put(frame)
+        except Exception as exc:
+            await queue.put(exc)
+        await queue.put(None)
+
+    tasks = [asyncio.create_task(pump(stream)) for stream in streams]
+    try:
+        remaining = len(tasks)
+        while remaining:
+            item = await queue.get()
+            if item is None:
+                remaining -= 1
+            elif isinstance(item, BaseException):
+                raise item
+            else:
+                yield item
+    finally:
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
 
 
 async def collect(state: AppState, job_id: str) -> tuple[str, Done]:

@@ -274,3 +274,39 @@ def test_flush_interval_coalesces_tokens_into_fewer_events(
     chunks = [e for e in events(sync_redis, "j") if e["type"] == "token"]
     assert [c["text"] for c in chunks] == ["c", "oalesce me please"]
     assert sum(c["tokens"] for c in chunks) == len("coalesce me please")
+
+
+class LongChatEngine(ScriptedEngine):
+    """Twenty tokens per turn: a long history overflows the 64-token context."""
+
+    def encode_chat(self, messages: Sequence[ChatMessage]) -> list[int]:
+        return [1] * (20 * len(messages))
+
+
+@pytest.mark.parametrize("truncate", [False, True])
+def test_truncation_drops_the_oldest_turns_only_when_the_setting_is_on(
+    settings: Settings,
+    sync_redis: redis.Redis,
+    parts: tuple[CountingScripts, ActiveJobs],
+    truncate: bool,
+) -> None:
+    run, active = parts
+    settings = settings.model_copy(update={"truncate_messages": truncate})
+    engine = LongChatEngine({"j": "ok"})
+    batcher = Batcher(engine, run, settings, active)
+    batcher.start()
+    try:
+        admit(run, settings, "j")
+        turns = [ChatMessage(role="user" if i % 2 else "assistant", content="t") for i in range(6)]
+        body = GenerationRequest(model="m", messages=tuple(turns), max_tokens=10)
+        runner = JobRunner(engine, batcher, run, settings, "w", active)
+        if not truncate:
+            with pytest.raises(Exception, match="maximum context length is 64"):
+                runner.generate("j", body.model_dump(mode="json"))
+            return
+        runner.generate("j", body.model_dump(mode="json"))
+    finally:
+        batcher.stop()
+    log = events(sync_redis, "j")
+    assert log[0]["type"] == "started" and log[0]["prompt_tokens"] == 40  # 2 turns kept
+    assert log[-1]["type"] == "done"

@@ -14,6 +14,7 @@ from tokenrelay.shared.jobs import JobField, JobStatus, error_fields
 from tokenrelay.shared.model_limits import ModelLimits
 from tokenrelay.shared.script_runner import SyncScripts
 from tokenrelay.shared.settings import Settings
+from tokenrelay.shared.truncation import truncate_oldest
 from tokenrelay.worker.active_jobs import ActiveJobs, StopReason
 from tokenrelay.worker.batcher import Batcher, BatchJob
 from tokenrelay.worker.engine import Engine, SamplingParams
@@ -48,6 +49,11 @@ class JobRunner:
         parsed = GenerationRequest.model_validate(request)
         if parsed.prompt is not None:
             prompt_ids = self._engine.encode_prompt(parsed.prompt)
+        elif self._settings.truncate_messages:
+            budget = self._limits().tokens_per_job - parsed.max_tokens
+            _, prompt_ids = truncate_oldest(
+                parsed.messages, self._engine.encode_chat, lambda count: count <= budget
+            )
         else:
             prompt_ids = self._engine.encode_chat(parsed.messages)
         started = Started(worker=self._worker_name, prompt_tokens=len(prompt_ids))
@@ -98,11 +104,11 @@ class JobRunner:
         finally:
             job.abandoned = not job.done.is_set()
 
+    def _limits(self) -> ModelLimits:
+        return ModelLimits(self._engine.max_context_tokens, self._settings.worker_max_batch_tokens)
+
     def _check_fits(self, request: GenerationRequest, prompt_tokens: int) -> None:
-        limits = ModelLimits(
-            self._engine.max_context_tokens, self._settings.worker_max_batch_tokens
-        )
-        limits.check_fits(prompt_tokens, request.max_tokens, "messages")
+        self._limits().check_fits(prompt_tokens, request.max_tokens, "messages")
 
     def _sampling(self, request: GenerationRequest) -> SamplingParams:
         temperature, top_p, top_k = self._engine.sampling_defaults()

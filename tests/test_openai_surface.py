@@ -1,0 +1,143 @@
+"""The OpenAI surface as its clients call it, through real processes (`tokenrelay api`,
+`tokenrelay worker`, the tiny model) with the `openai` package and httpx: model retrieval,
+`/health`, list prompts, stream chunk shapes, request ids, resuming a finished job's events."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+
+import httpx
+import openai
+import pytest
+
+from tests.cluster import MODEL_NAME, Cluster, ClusterFactory
+from tokenrelay.cli.harness import eventually
+
+pytestmark = pytest.mark.e2e
+
+MESSAGES = [{"role": "user", "content": "tell me about the sea"}]
+
+
+@pytest.fixture(scope="module")
+def cluster(make_module_cluster: ClusterFactory) -> Cluster:
+    return make_module_cluster({"TOKENRELAY_MAX_INFLIGHT": "8"})
+
+
+@pytest.fixture
+def client(cluster: Cluster) -> Iterator[openai.OpenAI]:
+    with openai.OpenAI(base_url=f"{cluster.base_url}/v1", api_key="unused", max_retries=0) as c:
+        yield c
+
+
+@pytest.fixture
+def http(cluster: Cluster) -> Iterator[httpx.Client]:
+    with httpx.Client(base_url=cluster.base_url, timeout=30) as c:
+        yield c
+
+
+def sse_data(response: httpx.Response) -> list[str]:
+    return [line[6:] for line in response.iter_lines() if line.startswith("data: ")]
+
+
+def test_models_retrieve_answers_the_served_model_and_404_for_others(
+    client: openai.OpenAI,
+) -> None:
+    assert client.models.retrieve(MODEL_NAME).id == MODEL_NAME
+    with pytest.raises(openai.NotFoundError) as caught:
+        client.models.retrieve("gpt-4o")
+    assert caught.value.code == "model_not_found"
+
+
+def test_health_answers_200_with_an_empty_body_as_vllm_does(http: httpx.Client) -> None:
+    response = http.get("/health")
+    assert response.status_code == 200
+    assert response.content == b""
+
+
+def test_a_list_prompt_gets_one_choice_per_string(client: openai.OpenAI) -> None:
+    prompts = ["Once upon a time", "The sea"]
+    whole = client.completions.create(model=MODEL_NAME, prompt=prompts, max_tokens=6, temperature=0)
+    assert [c.index for c in whole.choices] == [0, 1]
+    singles = [
+        client.completions.create(model=MODEL_NAME, prompt=p, max_tokens=6, temperature=0)
+        for p in prompts
+    ]
+    assert [c.text for c in whole.choices] == [s.choices[0].text for s in singles]
+    assert whole.usage is not None
+    assert whole.usage.completion_tokens == sum(
+        s.usage.completion_tokens for s in singles if s.usage is not None
+    )
+    stream = client.completions.create(
+        model=MODEL_NAME,
+        prompt=prompts,
+        max_tokens=6,
+        temperature=0,
+        stream=True,
+        stream_options={"include_usage": True},
+    )
+    texts = ["", ""]
+    finished: set[int] = set()
+    usage = None
+    for chunk in stream:
+        for choice in chunk.choices:
+            texts[choice.index] += choice.text
+            if choice.finish_reason is not None:
+                finished.add(choice.index)
+        usage = chunk.usage or usage
+    assert texts == [c.text for c in whole.choices]
+    assert finished == {0, 1}
+    assert usage == whole.usage
+
+
+def test_role_is_only_in_the_first_delta(http: httpx.Client) -> None:
+    body = {"model": MODEL_NAME, "messages": MESSAGES, "max_tokens": 6, "stream": True}
+    with http.stream("POST", "/v1/chat/completions", json=body) as response:
+        data = sse_data(response)
+    assert data[-1] == "[DONE]"
+    deltas = [json.loads(item)["choices"][0]["delta"] for item in data[:-1]]
+    assert deltas[0] == {"role": "assistant", "content": ""}
+    assert all("role" not in delta for delta in deltas[1:])
+    assert deltas[-1] == {}
+
+
+def test_every_response_has_a_request_id_and_echoes_the_clients(
+    client: openai.OpenAI, http: httpx.Client
+) -> None:
+    completion = client.chat.completions.create(
+        model=MODEL_NAME,
+        messages=MESSAGES,
+        max_tokens=2,  # type: ignore[arg-type]
+    )
+    assert completion._request_id  # type: ignore[attr-defined]
+    for method, path in (("GET", "/v1/models"), ("GET", "/nothing"), ("GET", "/healthz")):
+        response = http.request(method, path, headers={"x-request-id": "req-abc.123"})
+        assert response.headers["x-request-id"] == "req-abc.123"
+    unusable = http.get("/healthz", headers={"x-request-id": "a b\tc"})
+    assert unusable.headers["x-request-id"] not in ("", "a b\tc")
+
+
+def test_resuming_a_finished_jobs_events_at_its_last_seq_ends_at_once(
+    http: httpx.Client,
+) -> None:
+    body = {"model": MODEL_NAME, "messages": MESSAGES, "max_tokens": 4}
+    job_id = http.post("/v1/jobs", json=body).json()["id"]
+    eventually(
+        lambda: http.get(f"/v1/jobs/{job_id}").json()["status"] == "succeeded",
+        timeout_s=60,
+        what="the job finishes",
+    )
+    with http.stream("GET", f"/v1/jobs/{job_id}/events") as response:
+        ids = [int(line[4:]) for line in response.iter_lines() if line.startswith("id: ")]
+    last = ids[-1]
+    for resume_at in (last, last + 5):
+        # A hanging stream would exceed the one-second read timeout.
+        response = http.get(
+            f"/v1/jobs/{job_id}/events", headers={"Last-Event-ID": str(resume_at)}, timeout=1.0
+        )
+        assert response.status_code == 204
+    with http.stream(
+        "GET", f"/v1/jobs/{job_id}/events", headers={"Last-Event-ID": str(last - 1)}
+    ) as response:
+        assert response.status_code == 200
+        assert [json.loads(d)["type"] for d in sse_data(response)] == ["done"]
