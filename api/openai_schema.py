@@ -3,7 +3,7 @@
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import (
     BaseModel,
@@ -21,6 +21,8 @@ from tokenrelay.shared.rq_jobs import Priority
 from tokenrelay.shared.settings import Settings
 
 MAX_STOP_STRINGS = 4
+MAX_LOGIT_BIAS = 1024
+MAX_STOP_TOKEN_IDS = 64
 #: A list `prompt` runs one job per string, each admitted like a request of its own.
 MAX_PROMPTS = 16
 _TOOLS = "function calling is not implemented"
@@ -85,9 +87,33 @@ class SamplingFields(_Strict):
         default=None, description="tokenrelay's: the job's queue (default: the key's)."
     )
     user: str | None = no_effect("OpenAI's end-user id for abuse monitoring")
-    frequency_penalty: Any = refused("sampling penalties are not implemented")
-    presence_penalty: Any = refused("sampling penalties are not implemented")
-    logit_bias: Any = refused("logit biases are not implemented")
+    frequency_penalty: float | None = Field(default=None, ge=-2.0, le=2.0)
+    presence_penalty: float | None = Field(default=None, ge=-2.0, le=2.0)
+    logit_bias: dict[str, float] | None = Field(
+        default=None,
+        max_length=MAX_LOGIT_BIAS,
+        description="Token id (a decimal string) to a bias in [-100, 100] added to its logit.",
+    )
+    top_k: int | None = Field(
+        default=None,
+        ge=-1,
+        description="vLLM's extension: sample from the k likeliest; -1 or 0: all.",
+    )
+    repetition_penalty: float | None = Field(
+        default=None,
+        gt=0.0,
+        le=2.0,
+        description="vLLM's extension: divides positive (multiplies negative) logits of every "
+        "token already in the prompt or output; 1 is none.",
+    )
+    ignore_eos: bool = Field(
+        default=False, description="vLLM's extension: never sample end-of-sequence."
+    )
+    stop_token_ids: list[Annotated[int, Field(ge=0)]] | None = Field(
+        default=None,
+        max_length=MAX_STOP_TOKEN_IDS,
+        description="vLLM's extension: token ids that end the completion like end-of-sequence.",
+    )
 
     def _generation(
         self,
@@ -141,7 +167,30 @@ class SamplingFields(_Strict):
             stop=tuple(stops),
             include_stop_str_in_output=self.include_stop_str_in_output,
             seed=self.seed,
+            top_k=None if self.top_k is None else max(self.top_k, 0),
+            frequency_penalty=self.frequency_penalty or 0.0,
+            presence_penalty=self.presence_penalty or 0.0,
+            repetition_penalty=self.repetition_penalty or 1.0,
+            logit_bias=self._logit_bias(),
+            ignore_eos=self.ignore_eos,
+            stop_token_ids=tuple(self.stop_token_ids or ()),
         )
+
+    def _logit_bias(self) -> dict[int, float]:
+        bias: dict[int, float] = {}
+        for key, value in (self.logit_bias or {}).items():
+            field = f"logit_bias.{key[:20]}"
+            if not (key.isascii() and key.isdigit() and len(key) <= 9):
+                raise InvalidRequest(
+                    f"`{field}`: `logit_bias` keys must be token ids (decimal strings)",
+                    param=field,
+                )
+            if not -100 <= value <= 100:
+                raise InvalidRequest(
+                    f"`{field}` must be between -100 and 100, got {value}", param=field
+                )
+            bias[int(key)] = value
+        return bias
 
 
 class ChatCompletionRequest(SamplingFields):

@@ -1,15 +1,18 @@
 """The OpenAI surface as its clients call it, through real processes (`tokenrelay api`,
 `tokenrelay worker`, the tiny model) with the `openai` package and httpx: model retrieval,
-`/health`, list prompts, stream chunk shapes, request ids, resuming a finished job's events."""
+`/health`, list prompts, stream chunk shapes, request ids, resuming a finished job's events,
+sampling controls (penalties, `logit_bias`, vLLM's `ignore_eos`)."""
 
 from __future__ import annotations
 
 import json
 from collections.abc import Iterator
+from pathlib import Path
 
 import httpx
 import openai
 import pytest
+from tokenizers import Tokenizer
 
 from tests.cluster import MODEL_NAME, Cluster, ClusterFactory
 from tokenrelay.cli.harness import eventually
@@ -141,3 +144,42 @@ def test_resuming_a_finished_jobs_events_at_its_last_seq_ends_at_once(
     ) as response:
         assert response.status_code == 200
         assert [json.loads(d)["type"] for d in sse_data(response)] == ["done"]
+
+
+def greedy_reply(client: openai.OpenAI, **controls: object) -> openai.types.chat.ChatCompletion:
+    fields: dict[str, object] = {"max_tokens": 24, "temperature": 0, **controls}
+    return client.chat.completions.create(
+        model=MODEL_NAME,
+        messages=MESSAGES,  # type: ignore[arg-type]
+        **fields,  # type: ignore[arg-type]
+    )
+
+
+def test_penalties_change_the_greedy_reply(client: openai.OpenAI) -> None:
+    plain = greedy_reply(client).choices[0].message.content
+    assert greedy_reply(client).choices[0].message.content == plain, "greedy is repeatable"
+    # (vLLM's `repetition_penalty` is checked on the engine: at its bound of 2 it does not
+    # break this prompt's loop, whose logit leads by more than a factor of 2.)
+    for controls in ({"frequency_penalty": 2.0}, {"presence_penalty": 2.0}):
+        assert greedy_reply(client, **controls).choices[0].message.content != plain, controls
+
+
+def test_logit_bias_bans_the_tokens_of_the_greedy_reply(
+    client: openai.OpenAI, tiny_model_dir: Path
+) -> None:
+    plain = greedy_reply(client).choices[0].message.content
+    assert plain
+    tokenizer = Tokenizer.from_file(str(tiny_model_dir / "tokenizer.json"))
+    ids = set(tokenizer.encode(plain, add_special_tokens=False).ids)
+    biased = greedy_reply(client, logit_bias={str(i): -100 for i in ids})
+    assert biased.choices[0].message.content != plain
+    with pytest.raises(openai.BadRequestError, match="vocabulary"):
+        greedy_reply(client, logit_bias={"99999999": -100})
+    with pytest.raises(openai.BadRequestError, match="logit_bias"):
+        greedy_reply(client, logit_bias={"5": -101})
+
+
+def test_ignore_eos_generates_exactly_max_tokens(client: openai.OpenAI) -> None:
+    reply = greedy_reply(client, max_tokens=40, extra_body={"ignore_eos": True})
+    assert reply.usage is not None and reply.usage.completion_tokens == 40
+    assert reply.choices[0].finish_reason == "length"

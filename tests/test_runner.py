@@ -36,6 +36,7 @@ class ScriptedEngine:
     """Each sequence 'generates' the UTF-8 bytes of the text its prompt names, then EOS."""
 
     max_context_tokens = 64
+    vocab_size = 256
     device = "cpu"
 
     def __init__(self, texts: dict[str, str], on_step: Callable[[int], None] = lambda _: None):

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 
 import pytest
@@ -137,3 +138,54 @@ def test_removed_job_frees_its_row_at_once(engine: TransformersEngine) -> None:
 def test_eos_is_suppressed_until_min_tokens(engine: TransformersEngine) -> None:
     tokens, _ = run(engine, [("m", "hi", SEEDED, 0)])
     assert len(tokens["m"]) == SEEDED.max_tokens
+
+
+def greedy(**controls: object) -> SamplingParams:
+    return dataclasses.replace(GREEDY, **controls)  # type: ignore[arg-type]
+
+
+def test_logit_bias_minus_100_removes_the_token_greedy_decoding_picks(
+    engine: TransformersEngine,
+) -> None:
+    plain, _ = run(engine, [("a", "hello there", GREEDY, 0)])
+    banned = plain["a"][0]
+    biased, _ = run(engine, [("a", "hello there", greedy(logit_bias=((banned, -100.0),)), 0)])
+    assert biased["a"][0] != banned
+    assert banned not in biased["a"]
+
+
+def test_penalties_change_a_repetitive_greedy_reply_inside_a_shared_batch(
+    engine: TransformersEngine,
+) -> None:
+    plain, _ = run(engine, [("a", "hello there", greedy(max_tokens=48, min_tokens=48), 0)])
+    repeats = len(plain["a"]) - len(set(plain["a"]))
+    assert repeats > 0, "the greedy reply repeats tokens (what the penalties act on)"
+    penalised = {
+        "freq": greedy(max_tokens=48, min_tokens=48, frequency_penalty=2.0),
+        "pres": greedy(max_tokens=48, min_tokens=48, presence_penalty=2.0),
+        "rep": greedy(max_tokens=48, min_tokens=48, repetition_penalty=2.0),
+    }
+    jobs = [("a", "hello there", greedy(max_tokens=48, min_tokens=48), 0)]
+    jobs += [(name, "hello there", params, 0) for name, params in penalised.items()]
+    tokens, _ = run(engine, jobs)
+    assert tokens["a"] == plain["a"], "a job without penalties is untouched by its neighbours"
+    for name in penalised:
+        assert tokens[name] != plain["a"], name
+        assert len(tokens[name]) - len(set(tokens[name])) < repeats, name
+
+
+def test_ignore_eos_and_stop_token_ids(engine: TransformersEngine) -> None:
+    free = greedy(max_tokens=24, min_tokens=0)
+    plain, _ = run(engine, [("a", "hi", free, 0)])
+    stop_at = plain["a"][3]
+    first = plain["a"].index(stop_at)
+    stopped, _ = run(
+        engine, [("a", "hi", greedy(min_tokens=0, stop_token_ids=frozenset({stop_at})), 0)]
+    )
+    assert stopped["a"] == plain["a"][:first]
+    eos = sorted(engine._eos_ids)
+    never_eos = greedy(
+        max_tokens=24, min_tokens=0, ignore_eos=True, logit_bias=tuple((e, 100.0) for e in eos)
+    )
+    tokens, _ = run(engine, [("a", "hi", never_eos, 0)])
+    assert len(tokens["a"]) == 24, "end-of-sequence, biased up, is still never sampled"

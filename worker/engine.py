@@ -20,7 +20,10 @@ from tokenrelay.shared.generation import ChatMessage
 @dataclass(frozen=True)
 class SamplingParams:
     """Per-sequence sampling. `temperature == 0` is greedy; `top_k == 0` disables top-k;
-    end-of-sequence cannot be sampled before `min_tokens` tokens."""
+    end-of-sequence (and `stop_token_ids`) cannot be sampled before `min_tokens` tokens,
+    and end-of-sequence never with `ignore_eos`. Penalties and biases adjust the logits
+    before sampling (`worker.logits_processor`); a token of `stop_token_ids` ends the
+    sequence as end-of-sequence does."""
 
     max_tokens: int
     min_tokens: int
@@ -28,6 +31,12 @@ class SamplingParams:
     top_p: float
     top_k: int
     seed: int | None
+    frequency_penalty: float = 0.0
+    presence_penalty: float = 0.0
+    repetition_penalty: float = 1.0
+    logit_bias: tuple[tuple[int, float], ...] = ()
+    ignore_eos: bool = False
+    stop_token_ids: frozenset[int] = frozenset()
 
 
 @dataclass(frozen=True)
@@ -47,6 +56,8 @@ class IncrementalDecoder(Protocol):
 
 class Engine(Protocol):
     max_context_tokens: int
+    #: Token ids are below this (`logit_bias` and `stop_token_ids` are checked against it).
+    vocab_size: int
     device: str
 
     def encode_chat(self, messages: Sequence[ChatMessage]) -> list[int]: ...

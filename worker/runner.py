@@ -7,7 +7,13 @@ import logging
 from typing import Any
 
 from tokenrelay.shared import scripts
-from tokenrelay.shared.errors import GenerationFailed, JobCancelled, TokenrelayError, WorkerLost
+from tokenrelay.shared.errors import (
+    GenerationFailed,
+    InvalidRequest,
+    JobCancelled,
+    TokenrelayError,
+    WorkerLost,
+)
 from tokenrelay.shared.events import Done, Error, Started, Usage
 from tokenrelay.shared.generation import GenerationRequest
 from tokenrelay.shared.jobs import JobField, JobStatus, error_fields
@@ -112,13 +118,30 @@ class JobRunner:
 
     def _sampling(self, request: GenerationRequest) -> SamplingParams:
         temperature, top_p, top_k = self._engine.sampling_defaults()
+        vocab = self._engine.vocab_size
+        for field, ids in (
+            ("logit_bias", request.logit_bias),
+            ("stop_token_ids", request.stop_token_ids),
+        ):
+            if outside := sorted(i for i in ids if i >= vocab):
+                raise InvalidRequest(
+                    f"`{field}` names token ids {outside[:5]} outside this model's vocabulary "
+                    f"(ids 0 to {vocab - 1})",
+                    param=field,
+                )
         return SamplingParams(
             max_tokens=request.max_tokens,
             min_tokens=request.min_tokens,
             temperature=request.temperature if request.temperature is not None else temperature,
             top_p=request.top_p if request.top_p is not None else top_p,
-            top_k=top_k,
+            top_k=request.top_k if request.top_k is not None else top_k,
             seed=request.seed,
+            frequency_penalty=request.frequency_penalty,
+            presence_penalty=request.presence_penalty,
+            repetition_penalty=request.repetition_penalty,
+            logit_bias=tuple(sorted(request.logit_bias.items())),
+            ignore_eos=request.ignore_eos,
+            stop_token_ids=frozenset(request.stop_token_ids),
         )
 
     def _conclude(self, job: BatchJob, prompt_tokens: int) -> str:

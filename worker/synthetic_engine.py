@@ -1,7 +1,8 @@
 """A model-free engine for benchmarks: every sequence emits one token per
 `1 / TOKENRELAY_SYNTHETIC_TOKENS_PER_S` seconds after a first-token delay, through the same
 batcher, Redis and API path as a real model, so the plumbing can be measured apart from
-the model. Only runs when `TOKENRELAY_ENGINE=synthetic` and
+the model. Token `n` of a sequence has id `n`, so `stop_token_ids` end it there (the other
+sampling controls have no logits to act on). Only runs when `TOKENRELAY_ENGINE=synthetic` and
 `TOKENRELAY_ALLOW_SYNTHETIC_ENGINE=1` are both set: it serves no real text.
 """
 
@@ -33,6 +34,7 @@ class _WordDecoder:
 class SyntheticEngine:
     device = "none"
     max_context_tokens = 1 << 20
+    vocab_size = 1 << 20
 
     def __init__(self, tokens_per_s: float, first_token_ms: float) -> None:
         self._interval_s = 1.0 / tokens_per_s
@@ -75,6 +77,10 @@ class SyntheticEngine:
                 continue
             row.produced += 1
             row.next_due += self._interval_s
+            if row.produced in row.params.stop_token_ids and row.produced > row.params.min_tokens:
+                outputs.append(TokenOutput(seq_id, None, "stop"))
+                del self._rows[seq_id]
+                continue
             done = row.produced >= row.params.max_tokens
             outputs.append(TokenOutput(seq_id, row.produced, "length" if done else None))
             if done:

@@ -27,6 +27,7 @@ import torch
 
 from tokenrelay.shared.generation import ChatMessage
 from tokenrelay.worker.engine import IncrementalDecoder, ModelLoadError, SamplingParams, TokenOutput
+from tokenrelay.worker.logits_processor import LogitsProcessor
 from tokenrelay.worker.sampling import new_generator, sample_token
 
 _HUB_PROBE_TIMEOUT_S = 5.0
@@ -37,6 +38,7 @@ class _Row:
     seq_id: str
     params: SamplingParams
     generator: torch.Generator
+    processor: LogitsProcessor
     length: int
     produced: int = 0
     last_token: int = 0
@@ -98,7 +100,7 @@ class TransformersEngine:
             {int(i) for i in (eos if isinstance(eos, list) else [eos]) if i is not None}
         )
         self._eos_ids = frozenset(eos_ids)
-        self._eos_index = torch.tensor(eos_ids, device=device)
+        self.vocab_size = int(self.model.get_output_embeddings().weight.shape[0])
         self._pad_id = int(self.tokenizer.pad_token_id or eos_ids[0])
         sampling = bool(generation.do_sample)
         self._defaults = (
@@ -177,10 +179,7 @@ class TransformersEngine:
             use_cache=True,
             **self._prefill_options,
         )
-        rows = [
-            _Row(j.seq_id, j.params, new_generator(j.params.seed, self.device), len(j.prompt_ids))
-            for j in joiners
-        ]
+        rows = [self._new_row(j, len(j.prompt_ids)) for j in joiners]
         self._merge(output.cache, mask, rows)
         return self._sample(rows, output.logits[:, -1, :])
 
@@ -204,10 +203,16 @@ class TransformersEngine:
         if end < len(joiner.prompt_ids):
             return []
         self._joiners.remove(joiner)
-        params = joiner.params
-        row = _Row(joiner.seq_id, params, new_generator(params.seed, self.device), end)
+        row = self._new_row(joiner, end)
         self._merge(output.cache, mask, [row])
         return self._sample([row], output.logits[:, -1, :])
+
+    def _new_row(self, joiner: _Joiner, length: int) -> _Row:
+        params = joiner.params
+        processor = LogitsProcessor(params, joiner.prompt_ids, self._eos_ids)
+        return _Row(
+            joiner.seq_id, params, new_generator(params.seed, self.device), processor, length
+        )
 
     def _decode(self) -> list[TokenOutput]:
         assert self._mask is not None
@@ -232,14 +237,13 @@ class TransformersEngine:
         outputs: list[TokenOutput] = []
         finished: set[str] = set()
         for i, row in enumerate(rows):
-            row_logits = logits[i]
-            if row.produced < row.params.min_tokens:
-                row_logits = row_logits.index_fill(0, self._eos_index, float("-inf"))
+            row_logits = row.processor.adjust(logits[i], row.produced)
             token = sample_token(row_logits, row.params, row.generator)
-            if token in self._eos_ids:
+            if token in self._eos_ids or token in row.params.stop_token_ids:
                 outputs.append(TokenOutput(row.seq_id, None, "stop"))
                 finished.add(row.seq_id)
                 continue
+            row.processor.observe(token)
             row.produced += 1
             row.last_token = token
             done = row.produced >= row.params.max_tokens
