@@ -15,7 +15,7 @@ from pydantic import (
 
 from tokenrelay.api.field_support import check_refused, no_effect, refused
 from tokenrelay.shared.errors import InvalidRequest
-from tokenrelay.shared.events import Usage
+from tokenrelay.shared.events import TokenLogprob, Usage
 from tokenrelay.shared.generation import ChatMessage, GenerationRequest
 from tokenrelay.shared.rq_jobs import Priority
 from tokenrelay.shared.settings import Settings
@@ -23,6 +23,7 @@ from tokenrelay.shared.settings import Settings
 MAX_STOP_STRINGS = 4
 MAX_LOGIT_BIAS = 1024
 MAX_STOP_TOKEN_IDS = 64
+MAX_TOP_LOGPROBS = 20
 #: A list `prompt` runs one job per string, each admitted like a request of its own.
 MAX_PROMPTS = 16
 _TOOLS = "function calling is not implemented"
@@ -122,6 +123,7 @@ class SamplingFields(_Strict):
         *,
         messages: tuple[ChatMessage, ...] = (),
         prompt: str | None = None,
+        logprobs: int | None = None,
     ) -> GenerationRequest:
         check_refused(self)
         if self.n != 1:
@@ -174,6 +176,7 @@ class SamplingFields(_Strict):
             logit_bias=self._logit_bias(),
             ignore_eos=self.ignore_eos,
             stop_token_ids=tuple(self.stop_token_ids or ()),
+            logprobs=logprobs,
         )
 
     def _logit_bias(self) -> dict[int, float]:
@@ -209,8 +212,14 @@ class ChatCompletionRequest(SamplingFields):
     response_format: dict[str, Any] | None = Field(
         default=None, description='Only `{"type": "text"}`: structured outputs are refused.'
     )
-    logprobs: Any = refused("log probabilities are not implemented")
-    top_logprobs: Any = refused("log probabilities are not implemented")
+    logprobs: bool | None = Field(
+        default=None,
+        description="Each generated token's log probability, from the model's raw "
+        "distribution (before penalties, biases, temperature, top-k and top-p), as vLLM.",
+    )
+    top_logprobs: int | None = Field(
+        default=None, ge=0, le=MAX_TOP_LOGPROBS, description="Needs `logprobs: true`."
+    )
     tools: Any = refused(_TOOLS)
     tool_choice: Any = refused(_TOOLS)
     parallel_tool_calls: Any = refused(_TOOLS)
@@ -244,8 +253,11 @@ class ChatCompletionRequest(SamplingFields):
             ChatMessage(role="system" if m.role == "developer" else m.role, content=_content(m, i))
             for i, m in enumerate(self.messages)
         )
+        if self.top_logprobs is not None and not self.logprobs:
+            raise InvalidRequest("`top_logprobs` needs `logprobs: true`", param="top_logprobs")
+        logprobs = (self.top_logprobs or 0) if self.logprobs else None
         max_tokens = self.max_completion_tokens or self.max_tokens
-        return self._generation(settings, max_tokens, messages=messages)
+        return self._generation(settings, max_tokens, messages=messages, logprobs=logprobs)
 
 
 class CompletionRequest(SamplingFields):
@@ -255,7 +267,13 @@ class CompletionRequest(SamplingFields):
     max_tokens: int | None = Field(default=16, ge=1)
     echo: bool = Field(default=False, description="Only `false`: the prompt is not echoed.")
     best_of: int | None = Field(default=None, ge=1, description="Only 1.")
-    logprobs: Any = refused("log probabilities are not implemented")
+    logprobs: int | None = Field(
+        default=None,
+        ge=0,
+        le=MAX_TOP_LOGPROBS,
+        description="Each token's log probability and this many likeliest candidates, from "
+        "the model's raw distribution (before penalties, biases, temperature, top-k, top-p).",
+    )
     suffix: Any = refused("insertion (fill in the middle) is not implemented")
 
     def to_generations(self, settings: Settings) -> list[GenerationRequest]:
@@ -276,7 +294,10 @@ class CompletionRequest(SamplingFields):
             if not prompt:
                 field = "prompt" if isinstance(self.prompt, str) else f"prompt.{i}"
                 raise InvalidRequest(f"`{field}` must not be empty", param=field)
-        return [self._generation(settings, self.max_tokens, prompt=p) for p in prompts]
+        return [
+            self._generation(settings, self.max_tokens, prompt=p, logprobs=self.logprobs)
+            for p in prompts
+        ]
 
 
 def _content(message: InputMessage, index: int) -> str:
@@ -302,11 +323,18 @@ class AssistantMessage(BaseModel):
     content: str
 
 
+class ChoiceLogprobs(BaseModel):
+    """OpenAI's chat `logprobs`: one entry per generated token."""
+
+    content: list[TokenLogprob] | None
+    refusal: None = None
+
+
 class Choice(BaseModel):
     index: int = 0
     message: AssistantMessage
     finish_reason: str | None
-    logprobs: None = None
+    logprobs: ChoiceLogprobs | None = None
 
 
 class ChatCompletion(BaseModel):
@@ -334,7 +362,7 @@ class ChunkChoice(BaseModel):
     index: int = 0
     delta: Delta
     finish_reason: str | None = None
-    logprobs: None = None
+    logprobs: ChoiceLogprobs | None = None
 
 
 class ChatCompletionChunk(BaseModel):
@@ -358,11 +386,34 @@ class ModelList(BaseModel):
     data: list[ModelCard]
 
 
+class CompletionLogprobs(BaseModel):
+    """OpenAI's legacy completions `logprobs`: parallel lists, one entry per token;
+    `text_offset` is where each token's text starts in the choice's text."""
+
+    tokens: list[str]
+    token_logprobs: list[float]
+    top_logprobs: list[dict[str, float]]
+    text_offset: list[int]
+
+    @classmethod
+    def of(cls, logprobs: list[TokenLogprob], offset: int = 0) -> CompletionLogprobs:
+        offsets = []
+        for entry in logprobs:
+            offsets.append(offset)
+            offset += len(entry.token)
+        return cls(
+            tokens=[entry.token for entry in logprobs],
+            token_logprobs=[entry.logprob for entry in logprobs],
+            top_logprobs=[{t.token: t.logprob for t in entry.top_logprobs} for entry in logprobs],
+            text_offset=offsets,
+        )
+
+
 class CompletionChoice(BaseModel):
     index: int = 0
     text: str
     finish_reason: str | None = None
-    logprobs: None = None
+    logprobs: CompletionLogprobs | None = None
 
 
 class Completion(BaseModel):

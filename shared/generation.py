@@ -46,3 +46,5 @@ class GenerationRequest(BaseModel):
     logit_bias: dict[int, float] = Field(default_factory=dict)
     ignore_eos: bool = False
     stop_token_ids: tuple[int, ...] = ()
+    #: None: no log probabilities; k >= 0: each token's and its step's k likeliest.
+    logprobs: int | None = None

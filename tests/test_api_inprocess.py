@@ -75,10 +75,8 @@ def test_job_events_are_the_logged_payloads_with_their_seq_and_type(
         run.run(scripts.finish(settings, job_id, "succeeded", {}, events[2].to_wire()))
         response = client.get(f"/v1/jobs/{job_id}/events")
     assert response.status_code == 200
-    expected = "".join(
-        f"id: {event.seq}\nevent: {event.type}\ndata: {event.model_dump_json()}\n\n"
-        for event in events
-    )
+    wire = [(event, event.model_dump_json(exclude_none=True)) for event in events]
+    expected = "".join(f"id: {e.seq}\nevent: {e.type}\ndata: {data}\n\n" for e, data in wire)
     assert response.content == expected.encode()
 
 

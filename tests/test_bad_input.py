@@ -122,7 +122,8 @@ BAD_BODIES: list[tuple[dict[str, Any], str]] = [
     (body(stop=[1]), "stop.0"),
     (body(seed=2**64), "seed"),
     (body(n=2), "n"),
-    (body(logprobs=True), "logprobs"),
+    (body(logprobs="maybe"), "logprobs"),
+    (body(logprobs=True, top_logprobs=21), "top_logprobs"),
     (body(stream="maybe"), "stream"),
     (body(stream_options={"include_usage": "often"}), "stream_options.include_usage"),
     (body(metadata={"k": 1}), "metadata.k"),
@@ -166,6 +167,7 @@ COMPLETION_BAD_BODIES: list[tuple[dict[str, Any], str]] = [
     ({"model": MODEL, "prompt": "hi", "echo": True}, "echo"),
     ({"model": MODEL, "prompt": "hi", "suffix": "end"}, "suffix"),
     ({"model": MODEL, "prompt": "hi", "best_of": 2}, "best_of"),
+    ({"model": MODEL, "prompt": "hi", "logprobs": 21}, "logprobs"),
     ({"model": MODEL, "prompt": "hi", "messages": MESSAGES}, "messages"),
     ({"model": MODEL, "prompt": "hi", "metadata": {}}, "metadata"),
 ]

@@ -183,3 +183,50 @@ def test_ignore_eos_generates_exactly_max_tokens(client: openai.OpenAI) -> None:
     reply = greedy_reply(client, max_tokens=40, extra_body={"ignore_eos": True})
     assert reply.usage is not None and reply.usage.completion_tokens == 40
     assert reply.choices[0].finish_reason == "length"
+
+
+def test_chat_logprobs_stream_and_not_come_from_the_raw_distribution(
+    client: openai.OpenAI,
+) -> None:
+    fields = {"max_tokens": 12, "logprobs": True, "top_logprobs": 3}
+    fields["extra_body"] = {"ignore_eos": True}
+    whole = greedy_reply(client, **fields)
+    content = whole.choices[0].logprobs.content  # type: ignore[union-attr]
+    assert content is not None and whole.usage is not None
+    assert len(content) == whole.usage.completion_tokens == 12
+    for entry in content:
+        assert entry.logprob <= 0 and entry.bytes is not None
+        assert len(entry.top_logprobs) == 3
+        ranked = [t.logprob for t in entry.top_logprobs]
+        assert ranked == sorted(ranked, reverse=True)
+        # Greedy, no penalties: the token picked is the raw distribution's likeliest.
+        assert entry.token == entry.top_logprobs[0].token
+        assert entry.logprob == pytest.approx(ranked[0])
+    streamed = []
+    for chunk in client.chat.completions.create(
+        model=MODEL_NAME,
+        messages=MESSAGES,  # type: ignore[arg-type]
+        temperature=0,
+        stream=True,
+        **fields,  # type: ignore[arg-type]
+    ):
+        if chunk.choices and chunk.choices[0].logprobs is not None:
+            streamed += chunk.choices[0].logprobs.content or []
+    assert [(e.token, e.logprob) for e in streamed] == [(e.token, e.logprob) for e in content]
+    assert greedy_reply(client).choices[0].logprobs is None
+
+
+def test_completion_logprobs_stream_and_not(client: openai.OpenAI) -> None:
+    fields = {"model": MODEL_NAME, "prompt": "The sea", "max_tokens": 8, "temperature": 0}
+    fields |= {"logprobs": 2, "extra_body": {"ignore_eos": True}}
+    whole = client.completions.create(**fields)  # type: ignore[call-overload]
+    logprobs = whole.choices[0].logprobs
+    assert logprobs is not None and logprobs.tokens is not None
+    assert len(logprobs.tokens) == 8 == len(logprobs.token_logprobs or [])
+    assert all(len(top) <= 2 for top in logprobs.top_logprobs or [])
+    assert logprobs.text_offset is not None and logprobs.text_offset[0] == 0
+    tokens: list[str] = []
+    for chunk in client.completions.create(**fields, stream=True):  # type: ignore[call-overload]
+        if chunk.choices and chunk.choices[0].logprobs is not None:
+            tokens += chunk.choices[0].logprobs.tokens or []
+    assert tokens == logprobs.tokens

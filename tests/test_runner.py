@@ -56,6 +56,9 @@ class ScriptedEngine:
     def new_decoder(self) -> ByteDecoder:
         return ByteDecoder()
 
+    def token_bytes(self, token_id: int) -> bytes:
+        return bytes([token_id])
+
     def add(self, seq_id: str, prompt_ids: list[int], params: SamplingParams) -> None:
         self.seen = params
         self._rows[seq_id] = (list(self._texts[seq_id].encode()), params)

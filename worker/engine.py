@@ -4,8 +4,10 @@ An engine decodes many sequences in shared steps. `add` queues a sequence to joi
 next step, `remove` frees its row at once, and `step` runs one decoding step for every
 sequence, returning one `TokenOutput` each. A sequence leaves the engine by itself when
 it samples end-of-sequence (`finish_reason="stop"`, no token) or reaches `max_tokens`
-(`finish_reason="length"`, with its last token). The transformers engine implements it
-(`worker.transformers_engine`); a vLLM engine can slot in later.
+(`finish_reason="length"`, with its last token). A sequence that asks for log probabilities
+gets them from the model's raw distribution: the log-softmax of its logits before penalties,
+biases, temperature, top-k and top-p (vLLM's default, `raw_logprobs`). The transformers
+engine implements it (`worker.transformers_engine`); a vLLM engine can slot in later.
 """
 
 from __future__ import annotations
@@ -37,6 +39,12 @@ class SamplingParams:
     logit_bias: tuple[tuple[int, float], ...] = ()
     ignore_eos: bool = False
     stop_token_ids: frozenset[int] = frozenset()
+    #: None: no log probabilities; k >= 0: each token's, and the k likeliest candidates'.
+    logprobs: int | None = None
+
+
+#: A token's log probability and its step's likeliest (token id, log probability) pairs.
+Logprob = tuple[float, tuple[tuple[int, float], ...]]
 
 
 @dataclass(frozen=True)
@@ -46,6 +54,7 @@ class TokenOutput:
     seq_id: str
     token_id: int | None
     finish_reason: Literal["stop", "length"] | None = None
+    logprob: Logprob | None = None
 
 
 class IncrementalDecoder(Protocol):
@@ -69,6 +78,10 @@ class Engine(Protocol):
         ...
 
     def new_decoder(self) -> IncrementalDecoder: ...
+
+    def token_bytes(self, token_id: int) -> bytes:
+        """The token's UTF-8 bytes (part of a character, for some), for log probabilities."""
+        ...
 
     def tokenizer_json(self) -> str | None:
         """The tokenizer in `tokenizers`' JSON form, for API nodes to count prompt tokens at

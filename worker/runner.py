@@ -142,6 +142,7 @@ class JobRunner:
             logit_bias=tuple(sorted(request.logit_bias.items())),
             ignore_eos=request.ignore_eos,
             stop_token_ids=frozenset(request.stop_token_ids),
+            logprobs=request.logprobs,
         )
 
     def _conclude(self, job: BatchJob, prompt_tokens: int) -> str:

@@ -2,8 +2,9 @@
 `1 / TOKENRELAY_SYNTHETIC_TOKENS_PER_S` seconds after a first-token delay, through the same
 batcher, Redis and API path as a real model, so the plumbing can be measured apart from
 the model. Token `n` of a sequence has id `n`, so `stop_token_ids` end it there (the other
-sampling controls have no logits to act on). Only runs when `TOKENRELAY_ENGINE=synthetic` and
-`TOKENRELAY_ALLOW_SYNTHETIC_ENGINE=1` are both set: it serves no real text.
+sampling controls have no logits to act on), and each token's log probability is 0. Only
+runs when `TOKENRELAY_ENGINE=synthetic` and `TOKENRELAY_ALLOW_SYNTHETIC_ENGINE=1` are both
+set: it serves no real text.
 """
 
 from __future__ import annotations
@@ -53,6 +54,9 @@ class SyntheticEngine:
     def new_decoder(self) -> IncrementalDecoder:
         return _WordDecoder()
 
+    def token_bytes(self, token_id: int) -> bytes:
+        return _VOCAB[token_id % len(_VOCAB)].encode()
+
     def tokenizer_json(self) -> str | None:
         return None
 
@@ -82,7 +86,8 @@ class SyntheticEngine:
                 del self._rows[seq_id]
                 continue
             done = row.produced >= row.params.max_tokens
-            outputs.append(TokenOutput(seq_id, row.produced, "length" if done else None))
+            logprob = None if row.params.logprobs is None else (0.0, ())
+            outputs.append(TokenOutput(seq_id, row.produced, "length" if done else None, logprob))
             if done:
                 del self._rows[seq_id]
         return outputs

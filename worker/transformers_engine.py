@@ -28,7 +28,8 @@ import torch
 from tokenrelay.shared.generation import ChatMessage
 from tokenrelay.worker.engine import IncrementalDecoder, ModelLoadError, SamplingParams, TokenOutput
 from tokenrelay.worker.logits_processor import LogitsProcessor
-from tokenrelay.worker.sampling import new_generator, sample_token
+from tokenrelay.worker.sampling import new_generator, raw_logprob, sample_token
+from tokenrelay.worker.token_bytes import TokenBytes
 
 _HUB_PROBE_TIMEOUT_S = 5.0
 
@@ -114,6 +115,7 @@ class TransformersEngine:
         self._mask: torch.Tensor | None = None
         self._prefilled_last = False
         self._max_prefill_tokens = max_prefill_tokens
+        self._token_bytes = TokenBytes(self.tokenizer)
 
     def encode_chat(self, messages: Sequence[ChatMessage]) -> list[int]:
         chat = [{"role": m.role, "content": m.content} for m in messages]
@@ -130,6 +132,9 @@ class TransformersEngine:
 
     def new_decoder(self) -> IncrementalDecoder:
         return _DecodeStreamDecoder(self.tokenizer.backend_tokenizer)
+
+    def token_bytes(self, token_id: int) -> bytes:
+        return self._token_bytes(token_id)
 
     def tokenizer_json(self) -> str | None:
         return str(self.tokenizer.backend_tokenizer.to_str())
@@ -247,7 +252,10 @@ class TransformersEngine:
             row.produced += 1
             row.last_token = token
             done = row.produced >= row.params.max_tokens
-            outputs.append(TokenOutput(row.seq_id, token, "length" if done else None))
+            logprob = None
+            if row.params.logprobs is not None:
+                logprob = raw_logprob(logits[i], token, row.params.logprobs)
+            outputs.append(TokenOutput(row.seq_id, token, "length" if done else None, logprob))
             if done:
                 finished.add(row.seq_id)
         if finished:

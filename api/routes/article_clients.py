@@ -98,7 +98,7 @@ async def prompt_completion(
             return StreamingResponse(
                 relay(state, job_id, events, _PromptSSE()), media_type="text/event-stream"
             )
-        text, _ = await collect(state, job_id)
+        text = (await collect(state, job_id)).text
     except TokenrelayError as exc:
         return _prompt_body(exc.message, exc.status_code, retry_headers(exc))
     return _prompt_body(text, 200)
@@ -129,7 +129,7 @@ async def article_chat(
     if body.stream:
         events = await first_output(state, job_id, http.receive)
         return StreamingResponse(relay(state, job_id, events, _CumulativeText()))
-    text, _ = await collect(state, job_id)
+    text = (await collect(state, job_id)).text
     return ArticleChatResponse(text=text)
 
 

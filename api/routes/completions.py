@@ -18,10 +18,15 @@ from tokenrelay.api.deps import CallerDep, StateDep
 from tokenrelay.api.error_docs import SUBMIT_ERRORS
 from tokenrelay.api.job_control import cancel_quietly, submit
 from tokenrelay.api.model_routing import check_model
-from tokenrelay.api.openai_schema import Completion, CompletionChoice, CompletionRequest
+from tokenrelay.api.openai_schema import (
+    Completion,
+    CompletionChoice,
+    CompletionLogprobs,
+    CompletionRequest,
+)
 from tokenrelay.api.relay import OpenAIStreamRenderer, collect, merge, relay
 from tokenrelay.api.stream_start import first_output
-from tokenrelay.shared.events import Done, Usage
+from tokenrelay.shared.events import Done, TokenLogprob, Usage
 
 router = APIRouter(prefix="/v1", tags=["completions"], responses=SUBMIT_ERRORS)
 
@@ -53,10 +58,17 @@ async def create_completion(
             state.spawn(cancel_quietly(state, job_id))
         raise
     choices = [
-        CompletionChoice(index=i, text=text, finish_reason=done.finish_reason)
-        for i, (text, done) in enumerate(results)
+        CompletionChoice(
+            index=i,
+            text=result.text,
+            finish_reason=result.done.finish_reason,
+            logprobs=None
+            if body.logprobs is None
+            else CompletionLogprobs.of(result.logprobs or []),
+        )
+        for i, result in enumerate(results)
     ]
-    return renders[0].completion(choices, _total([done.usage for _, done in results]))
+    return renders[0].completion(choices, _total([result.done.usage for result in results]))
 
 
 async def _stream(
@@ -93,6 +105,7 @@ class _CompletionSSE(OpenAIStreamRenderer):
         self._index = index
         self._alone = alone
         self.usage: Usage | None = None
+        self._offset = 0
         self._text = sse.TextFrames(
             lambda text: self.completion([self._choice(text, None)]).model_dump_json()
         )
@@ -107,6 +120,12 @@ class _CompletionSSE(OpenAIStreamRenderer):
 
     def text(self, text: str) -> bytes:
         return self._text.frame(text)
+
+    def text_with_logprobs(self, text: str, logprobs: list[TokenLogprob]) -> bytes:
+        choice = self._choice(text, None)
+        choice.logprobs = CompletionLogprobs.of(logprobs, self._offset)
+        self._offset += sum(len(entry.token) for entry in logprobs)
+        return sse.encode(self.completion([choice]).model_dump_json())
 
     def done(self, event: Done) -> bytes:
         self.usage = event.usage
