@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import json
 from typing import Annotated, Any, Literal
 
 from pydantic import (
@@ -56,6 +57,37 @@ class InputMessage(_Strict):
         if isinstance(self.content, str):
             return self.content
         return "".join(part.text for part in self.content)
+
+
+class TextFormat(_Strict):
+    type: Literal["text"]
+
+
+class JsonObjectFormat(_Strict):
+    """Any JSON object (enforced while decoding, no whitespace between tokens)."""
+
+    type: Literal["json_object"]
+
+
+class JsonSchemaSpec(_Strict):
+    name: str = Field(min_length=1, max_length=64)
+    description: str | None = None
+    schema_: dict[str, Any] | None = Field(default=None, alias="schema")
+    strict: bool | None = Field(
+        default=None, description="Accepted either way: the schema is always enforced."
+    )
+
+
+class JsonSchemaFormat(_Strict):
+    """JSON matching `json_schema.schema`, enforced while decoding."""
+
+    type: Literal["json_schema"]
+    json_schema: JsonSchemaSpec
+
+
+ResponseFormat = Annotated[
+    TextFormat | JsonObjectFormat | JsonSchemaFormat, Field(discriminator="type")
+]
 
 
 class StreamOptions(_Strict):
@@ -209,8 +241,10 @@ class ChatCompletionRequest(SamplingFields):
         default=None, description="Only `auto` or `default`: there is one tier."
     )
     modalities: list[Literal["text"]] | None = Field(default=None, description='Only `["text"]`.')
-    response_format: dict[str, Any] | None = Field(
-        default=None, description='Only `{"type": "text"}`: structured outputs are refused.'
+    response_format: ResponseFormat | None = Field(
+        default=None,
+        description="`json_object` and `json_schema` are enforced while decoding (xgrammar, "
+        "in the worker), per job inside the shared batch.",
     )
     logprobs: bool | None = Field(
         default=None,
@@ -242,13 +276,6 @@ class ChatCompletionRequest(SamplingFields):
             raise InvalidRequest(
                 "`store: true` is not supported: tokenrelay stores no completions", param="store"
             )
-        format_type = (self.response_format or {}).get("type", "text")
-        if format_type != "text":
-            raise InvalidRequest(
-                f"`response_format` of type {format_type!r} is not supported: structured "
-                "outputs are not implemented",
-                param="response_format",
-            )
         messages = tuple(
             ChatMessage(role="system" if m.role == "developer" else m.role, content=_content(m, i))
             for i, m in enumerate(self.messages)
@@ -257,7 +284,27 @@ class ChatCompletionRequest(SamplingFields):
             raise InvalidRequest("`top_logprobs` needs `logprobs: true`", param="top_logprobs")
         logprobs = (self.top_logprobs or 0) if self.logprobs else None
         max_tokens = self.max_completion_tokens or self.max_tokens
-        return self._generation(settings, max_tokens, messages=messages, logprobs=logprobs)
+        generation = self._generation(settings, max_tokens, messages=messages, logprobs=logprobs)
+        json_schema = self._json_schema()
+        if json_schema is None:
+            return generation
+        for name in ("ignore_eos", "min_tokens"):
+            if getattr(self, name):
+                raise InvalidRequest(
+                    f"`{name}` cannot be combined with a JSON `response_format`: the document "
+                    "ends where its grammar does",
+                    param=name,
+                )
+        return generation.model_copy(update={"json_schema": json_schema})
+
+    def _json_schema(self) -> str | None:
+        """The JSON schema `response_format` asks for, as JSON text; None for plain text."""
+        match self.response_format:
+            case JsonObjectFormat():
+                return json.dumps({"type": "object", "additionalProperties": True})
+            case JsonSchemaFormat(json_schema=spec):
+                return json.dumps(spec.schema_ or {"type": "object"})
+        return None
 
 
 class CompletionRequest(SamplingFields):

@@ -48,3 +48,5 @@ class GenerationRequest(BaseModel):
     stop_token_ids: tuple[int, ...] = ()
     #: None: no log probabilities; k >= 0: each token's and its step's k likeliest.
     logprobs: int | None = None
+    #: A JSON schema (as JSON text) the output must match, enforced while decoding.
+    json_schema: str | None = None

@@ -8,10 +8,12 @@ from __future__ import annotations
 import json
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Literal
 
 import httpx
 import openai
 import pytest
+from pydantic import BaseModel, Field
 from tokenizers import Tokenizer
 
 from tests.cluster import MODEL_NAME, Cluster, ClusterFactory
@@ -230,3 +232,53 @@ def test_completion_logprobs_stream_and_not(client: openai.OpenAI) -> None:
         if chunk.choices and chunk.choices[0].logprobs is not None:
             tokens += chunk.choices[0].logprobs.tokens or []
     assert tokens == logprobs.tokens
+
+
+class Verdict(BaseModel):
+    answer: Literal["yes", "no"]
+    confident: bool
+    score: int = Field(ge=0, le=10)
+    reason: str = Field(max_length=12)
+
+
+def test_parse_with_a_pydantic_model_gets_a_valid_object_from_random_weights(
+    client: openai.OpenAI,
+) -> None:
+    for seed in range(3):
+        completion = client.chat.completions.parse(
+            model=MODEL_NAME,
+            messages=MESSAGES,  # type: ignore[arg-type]
+            response_format=Verdict,
+            temperature=1.2,
+            seed=seed,
+            max_tokens=200,
+        )
+        choice = completion.choices[0]
+        assert isinstance(choice.message.parsed, Verdict), choice.message.content
+        assert choice.finish_reason == "stop"
+
+
+def test_a_streamed_json_schema_reply_is_valid_json_and_json_object_too(
+    client: openai.OpenAI,
+) -> None:
+    response_format = {
+        "type": "json_schema",
+        "json_schema": {"name": "verdict", "schema": Verdict.model_json_schema(), "strict": True},
+    }
+    text = ""
+    for chunk in client.chat.completions.create(
+        model=MODEL_NAME,
+        messages=MESSAGES,  # type: ignore[arg-type]
+        response_format=response_format,  # type: ignore[arg-type]
+        temperature=1.2,
+        seed=5,
+        max_tokens=200,
+        stream=True,
+    ):
+        if chunk.choices:
+            text += chunk.choices[0].delta.content or ""
+    Verdict.model_validate_json(text)
+    with pytest.raises(openai.BadRequestError, match="ignore_eos"):
+        greedy_reply(
+            client, response_format={"type": "json_object"}, extra_body={"ignore_eos": True}
+        )

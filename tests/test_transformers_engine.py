@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import dataclasses
+import json
 from pathlib import Path
 
 import pytest
 
+from tokenrelay.shared.errors import InvalidRequest
 from tokenrelay.shared.generation import ChatMessage
 from tokenrelay.worker.engine import SamplingParams
 from tokenrelay.worker.transformers_engine import TransformersEngine
@@ -189,3 +191,43 @@ def test_ignore_eos_and_stop_token_ids(engine: TransformersEngine) -> None:
     )
     tokens, _ = run(engine, [("a", "hi", never_eos, 0)])
     assert len(tokens["a"]) == 24, "end-of-sequence, biased up, is still never sampled"
+
+
+BOUNDED_SCHEMA = {
+    "type": "object",
+    "properties": {
+        "name": {"type": "string", "maxLength": 8},
+        "ok": {"type": "boolean"},
+        "n": {"type": "integer", "minimum": 0, "maximum": 999},
+        "colour": {"enum": ["red", "green"]},
+    },
+    "required": ["name", "ok", "n", "colour"],
+    "additionalProperties": False,
+}
+
+
+def test_a_json_schema_is_enforced_per_row_and_always_closes_on_random_weights(
+    engine: TransformersEngine,
+) -> None:
+    grammar = engine.compile_grammar(json.dumps(BOUNDED_SCHEMA))
+    free = dataclasses.replace(SEEDED, max_tokens=200, min_tokens=0, temperature=1.5, top_k=0)
+    jobs = [
+        (f"s{seed}", f"hi {seed}", dataclasses.replace(free, seed=seed, grammar=grammar), seed)
+        for seed in range(6)
+    ]
+    jobs.append(("plain", "hello there", GREEDY, 0))
+    tokens, _ = run(engine, jobs)
+    alone, _ = run(engine, [("plain", "hello there", GREEDY, 0)])
+    assert tokens["plain"] == alone["plain"], "the unconstrained neighbour is untouched"
+    for seed in range(6):
+        text = engine.tokenizer.decode(tokens[f"s{seed}"], skip_special_tokens=True)
+        document = json.loads(text)
+        assert set(document) == {"name", "ok", "n", "colour"}
+        assert len(document["name"]) <= 8 and isinstance(document["ok"], bool)
+        assert 0 <= document["n"] <= 999 and document["colour"] in ("red", "green")
+        assert len(tokens[f"s{seed}"]) < 200, "closed well before max_tokens"
+
+
+def test_a_schema_the_grammar_engine_cannot_take_is_a_400(engine: TransformersEngine) -> None:
+    with pytest.raises(InvalidRequest, match="response_format"):
+        engine.compile_grammar(json.dumps({"type": "object", "properties": {"a": {"$ref": "#/x"}}}))

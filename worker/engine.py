@@ -41,6 +41,8 @@ class SamplingParams:
     stop_token_ids: frozenset[int] = frozenset()
     #: None: no log probabilities; k >= 0: each token's, and the k likeliest candidates'.
     logprobs: int | None = None
+    #: A grammar from the engine's `compile_grammar`, enforced while decoding; None: none.
+    grammar: object = None
 
 
 #: A token's log probability and its step's likeliest (token id, log probability) pairs.
@@ -81,6 +83,11 @@ class Engine(Protocol):
 
     def token_bytes(self, token_id: int) -> bytes:
         """The token's UTF-8 bytes (part of a character, for some), for log probabilities."""
+        ...
+
+    def compile_grammar(self, json_schema: str) -> object:
+        """A grammar for `SamplingParams.grammar` that only lets documents valid for
+        `json_schema` be generated; raises `InvalidRequest` where it cannot."""
         ...
 
     def tokenizer_json(self) -> str | None:

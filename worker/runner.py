@@ -143,6 +143,9 @@ class JobRunner:
             ignore_eos=request.ignore_eos,
             stop_token_ids=frozenset(request.stop_token_ids),
             logprobs=request.logprobs,
+            grammar=None
+            if request.json_schema is None
+            else self._engine.compile_grammar(request.json_schema),
         )
 
     def _conclude(self, job: BatchJob, prompt_tokens: int) -> str:

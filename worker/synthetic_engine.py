@@ -13,6 +13,7 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from tokenrelay.shared.errors import InvalidRequest
 from tokenrelay.shared.generation import ChatMessage
 from tokenrelay.worker.engine import IncrementalDecoder, SamplingParams, TokenOutput
 
@@ -56,6 +57,12 @@ class SyntheticEngine:
 
     def token_bytes(self, token_id: int) -> bytes:
         return _VOCAB[token_id % len(_VOCAB)].encode()
+
+    def compile_grammar(self, json_schema: str) -> object:
+        raise InvalidRequest(
+            "`response_format` cannot be enforced by the synthetic engine (it has no vocabulary)",
+            param="response_format",
+        )
 
     def tokenizer_json(self) -> str | None:
         return None

@@ -27,6 +27,7 @@ import torch
 
 from tokenrelay.shared.generation import ChatMessage
 from tokenrelay.worker.engine import IncrementalDecoder, ModelLoadError, SamplingParams, TokenOutput
+from tokenrelay.worker.grammar import GrammarCompiler, GrammarState
 from tokenrelay.worker.logits_processor import LogitsProcessor
 from tokenrelay.worker.sampling import new_generator, raw_logprob, sample_token
 from tokenrelay.worker.token_bytes import TokenBytes
@@ -40,6 +41,7 @@ class _Row:
     params: SamplingParams
     generator: torch.Generator
     processor: LogitsProcessor
+    grammar: GrammarState | None
     length: int
     produced: int = 0
     last_token: int = 0
@@ -116,6 +118,7 @@ class TransformersEngine:
         self._prefilled_last = False
         self._max_prefill_tokens = max_prefill_tokens
         self._token_bytes = TokenBytes(self.tokenizer)
+        self._grammar_compiler: GrammarCompiler | None = None
 
     def encode_chat(self, messages: Sequence[ChatMessage]) -> list[int]:
         chat = [{"role": m.role, "content": m.content} for m in messages]
@@ -135,6 +138,9 @@ class TransformersEngine:
 
     def token_bytes(self, token_id: int) -> bytes:
         return self._token_bytes(token_id)
+
+    def compile_grammar(self, json_schema: str) -> object:
+        return self._grammars().compile(json_schema)
 
     def tokenizer_json(self) -> str | None:
         return str(self.tokenizer.backend_tokenizer.to_str())
@@ -215,9 +221,18 @@ class TransformersEngine:
     def _new_row(self, joiner: _Joiner, length: int) -> _Row:
         params = joiner.params
         processor = LogitsProcessor(params, joiner.prompt_ids, self._eos_ids)
-        return _Row(
-            joiner.seq_id, params, new_generator(params.seed, self.device), processor, length
-        )
+        grammar = None
+        if params.grammar is not None:
+            grammar = self._grammars().matcher(params.grammar)
+        generator = new_generator(params.seed, self.device)
+        return _Row(joiner.seq_id, params, generator, processor, grammar, length)
+
+    def _grammars(self) -> GrammarCompiler:
+        if self._grammar_compiler is None:
+            self._grammar_compiler = GrammarCompiler(
+                self.tokenizer, self.vocab_size, sorted(self._eos_ids), self._token_bytes
+            )
+        return self._grammar_compiler
 
     def _decode(self) -> list[TokenOutput]:
         assert self._mask is not None
@@ -243,7 +258,11 @@ class TransformersEngine:
         finished: set[str] = set()
         for i, row in enumerate(rows):
             row_logits = row.processor.adjust(logits[i], row.produced)
+            if row.grammar is not None:  # on a copy: logprobs read the raw row
+                row_logits = row.grammar.mask(row_logits.clone())
             token = sample_token(row_logits, row.params, row.generator)
+            if row.grammar is not None:
+                row.grammar.accept(token)
             if token in self._eos_ids or token in row.params.stop_token_ids:
                 outputs.append(TokenOutput(row.seq_id, None, "stop"))
                 finished.add(row.seq_id)
