@@ -12,6 +12,7 @@ from tokenrelay.api import errors
 from tokenrelay.api.body_limit import BodySizeLimit
 from tokenrelay.api.metrics import Metrics
 from tokenrelay.api.reaper import reap_forever
+from tokenrelay.api.request_id import RequestId
 from tokenrelay.api.request_log import RequestLog
 from tokenrelay.api.routes import (
     article_clients,
@@ -61,6 +62,7 @@ def create_app(settings: Settings) -> FastAPI:
     metrics = Metrics.from_environment()
     app.state.metrics = metrics
     app.add_middleware(RequestLog, metrics=metrics, log_prompts=settings.log_prompts)
+    app.add_middleware(RequestId)
     for router in (
         chat.router,
         completions.router,

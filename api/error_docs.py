@@ -26,7 +26,11 @@ def _doc(description: str) -> dict[str, Any]:
 
 AUTH_ERRORS: dict[int | str, dict[str, Any]] = {
     401: _doc("Missing or invalid API key (`invalid_api_key`)"),
-    503: _doc("Redis unreachable (`redis_unavailable`)"),
+    503: _doc("Redis unreachable (`redis_unavailable`), with Retry-After and retry-after-ms"),
+}
+
+MODEL_ERRORS: dict[int | str, dict[str, Any]] = {
+    404: _doc("No live worker serves that model (`model_not_found`)"),
 }
 
 SUBMIT_ERRORS: dict[int | str, dict[str, Any]] = {
@@ -36,11 +40,15 @@ SUBMIT_ERRORS: dict[int | str, dict[str, Any]] = {
     ),
     404: _doc("Unknown model (`model_not_found`)"),
     413: _doc("Body larger than TOKENRELAY_MAX_REQUEST_BYTES (`request_too_large`)"),
-    429: _doc("The API key's own in-flight limit (`rate_limit_exceeded`), with Retry-After"),
+    429: _doc(
+        "The API key's own in-flight limit (`rate_limit_exceeded`), with Retry-After"
+        " and a jittered retry-after-ms"
+    ),
     503: _doc(
-        "Cluster at capacity (`cluster_overloaded`, with Retry-After), model without "
-        "live workers (`model_unavailable`), job expired in the queue (`expired`), worker "
-        "lost (`worker_lost`) or Redis unreachable (`redis_unavailable`)"
+        "Cluster at capacity (`cluster_overloaded`), model without live workers "
+        "(`model_unavailable`), job expired in the queue (`expired`), worker lost "
+        "(`worker_lost`) or Redis unreachable (`redis_unavailable`); every 503 has "
+        "Retry-After and a jittered retry-after-ms"
     ),
     401: AUTH_ERRORS[401],
 }

@@ -8,6 +8,7 @@ with a 500 that carries no stack trace.
 from __future__ import annotations
 
 import logging
+import random
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
@@ -15,6 +16,7 @@ from fastapi.responses import JSONResponse
 from redis.exceptions import RedisError
 from starlette.exceptions import HTTPException
 
+from tokenrelay.api.field_support import unknown_field_message
 from tokenrelay.shared.errors import (
     InvalidRequest,
     NotFound,
@@ -27,10 +29,22 @@ from tokenrelay.shared.errors import (
 log = logging.getLogger(__name__)
 
 
+#: `retry-after-ms` is `Retry-After` times a factor drawn from this range, so the clients one
+#: moment refuses do not all come back in the same instant (the OpenAI SDKs read it first).
+RETRY_JITTER = (0.5, 1.5)
+
+
+def retry_headers(exc: TokenrelayError) -> dict[str, str] | None:
+    """`Retry-After` and a jittered `retry-after-ms` for every 429 and 503, else None."""
+    if exc.status_code not in (429, 503):
+        return None
+    retry_after_s = exc.retry_after_s if isinstance(exc, Overloaded | QuotaExceeded) else 1
+    retry_after_ms = round(retry_after_s * 1000 * random.uniform(*RETRY_JITTER))
+    return {"Retry-After": str(retry_after_s), "retry-after-ms": str(retry_after_ms)}
+
+
 def error_response(exc: TokenrelayError) -> JSONResponse:
-    retry_after = exc.retry_after_s if isinstance(exc, Overloaded | QuotaExceeded) else None
-    headers = {"Retry-After": str(retry_after)} if retry_after is not None else None
-    return JSONResponse(exc.body(), status_code=exc.status_code, headers=headers)
+    return JSONResponse(exc.body(), status_code=exc.status_code, headers=retry_headers(exc))
 
 
 def validation_message(exc: RequestValidationError) -> tuple[str, str | None]:
@@ -44,6 +58,8 @@ def validation_message(exc: RequestValidationError) -> tuple[str, str | None]:
         return "the request body is not valid JSON", None
     if field is None:
         return f"invalid request body: {message}", None
+    if first.get("type") == "extra_forbidden":
+        return unknown_field_message(field), field
     return f"`{field}`: {message}", field
 
 
@@ -83,7 +99,8 @@ async def _http_error(_: Request, exc: Exception) -> JSONResponse:
         return error_response(InvalidRequest(message))
     error_class = InvalidRequest if exc.status_code < 500 else TokenrelayError
     error = error_class(str(exc.detail))
-    return JSONResponse(error.body(), status_code=exc.status_code, headers=exc.headers)
+    headers = {**(exc.headers or {}), **(retry_headers(error) or {})}
+    return JSONResponse(error.body(), status_code=exc.status_code, headers=headers or None)
 
 
 async def _unexpected_error(_: Request, exc: Exception) -> JSONResponse:

@@ -59,7 +59,7 @@ async def submit(
     job_id = uuid.uuid4().hex
     settings = state.settings
     request_log.note_generation(caller.owner, request)
-    await state.prompt_fit.check(request)
+    await state.prompt_fit.check(request, truncating=state.settings.truncate_messages)
     admit = scripts.admit(settings, job_id, caller.owner, request.model, caller.max_inflight)
     reply = await state.scripts.run(admit)
     if lost := scripts.reaped_by_admission(reply):

@@ -41,6 +41,7 @@ from tokenizers import Encoding, Tokenizer
 from tokenrelay.shared import keys
 from tokenrelay.shared.generation import GenerationRequest
 from tokenrelay.shared.model_limits import ModelLimits
+from tokenrelay.shared.truncation import always_kept
 
 log = logging.getLogger(__name__)
 
@@ -71,9 +72,11 @@ class PromptFit:
         self._loading = asyncio.Lock()
         self._executor = ThreadPoolExecutor(TOKENIZER_THREADS, thread_name_prefix="tokenizer")
 
-    async def check(self, request: GenerationRequest) -> None:
-        """Raises `ContextLengthExceeded` (400) for a request no worker could ever run."""
-        texts = [m.content for m in request.messages] or [request.prompt or ""]
+    async def check(self, request: GenerationRequest, *, truncating: bool = False) -> None:
+        """Raises `ContextLengthExceeded` (400) for a request no worker could ever run;
+        `truncating` counts only the turns truncation keeps (`shared.truncation`)."""
+        messages = always_kept(request.messages) if truncating else request.messages
+        texts = [m.content for m in messages] or [request.prompt or ""]
         limits = await self._limits_of(request.model)
         if limits is None:
             return

@@ -8,10 +8,12 @@ before the end cancels its job, unless the route lets the job run on without a l
 
 from __future__ import annotations
 
+import asyncio
 import json
 import time
 from abc import ABC, abstractmethod
 from collections.abc import AsyncIterator
+from dataclasses import dataclass
 from typing import Protocol
 
 from redis.exceptions import RedisError
@@ -22,7 +24,7 @@ from tokenrelay.api.state import AppState
 from tokenrelay.api.stream_observer import observe_events
 from tokenrelay.api.streams import Delivery, Heartbeat, StreamItem
 from tokenrelay.shared.errors import RedisUnavailable, TokenrelayError, from_type
-from tokenrelay.shared.events import Done, Error, TokenChunk
+from tokenrelay.shared.events import Done, Error, TokenChunk, TokenLogprob
 
 
 class Renderer(Protocol):
@@ -49,6 +51,8 @@ class GenerationRenderer(ABC):
     def event(self, delivery: Delivery) -> bytes | None:
         event = delivery.event
         if isinstance(event, TokenChunk):
+            if event.logprobs is not None:
+                return self.text_with_logprobs(event.text, event.logprobs)
             return self.text(event.text) if event.text else None
         if isinstance(event, Done):
             return self.done(event)
@@ -61,6 +65,11 @@ class GenerationRenderer(ABC):
 
     @abstractmethod
     def text(self, text: str) -> bytes | None: ...
+
+    def text_with_logprobs(self, text: str, logprobs: list[TokenLogprob]) -> bytes | None:
+        """A chunk of a job that asked for log probabilities; formats without them send
+        the text alone."""
+        return self.text(text)
 
     @abstractmethod
     def done(self, event: Done) -> bytes | None: ...
@@ -125,9 +134,50 @@ async def relay(
         yield tail
 
 
-async def collect(state: AppState, job_id: str) -> tuple[str, Done]:
-    """The job's whole text and its `Done` event; raises the job's error if it failed."""
+async def merge(streams: list[AsyncIterator[bytes]]) -> AsyncIterator[bytes]:
+    """The frames of several relays, each as it comes; leaving early closes them all (and so
+    cancels their jobs)."""
+    queue: asyncio.Queue[bytes | BaseException | None] = asyncio.Queue()
+
+    async def pump(stream: AsyncIterator[bytes]) -> None:
+        try:
+            async for frame in stream:
+                await queue.put(frame)
+        except Exception as exc:
+            await queue.put(exc)
+        await queue.put(None)
+
+    tasks = [asyncio.create_task(pump(stream)) for stream in streams]
+    try:
+        remaining = len(tasks)
+        while remaining:
+            item = await queue.get()
+            if item is None:
+                remaining -= 1
+            elif isinstance(item, BaseException):
+                raise item
+            else:
+                yield item
+    finally:
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+
+
+@dataclass(frozen=True)
+class Collected:
+    """A finished job's whole text, its `Done` event, and its tokens' log probabilities
+    (None unless it asked for them)."""
+
+    text: str
+    done: Done
+    logprobs: list[TokenLogprob] | None
+
+
+async def collect(state: AppState, job_id: str) -> Collected:
+    """The job's whole result; raises the job's error if it failed."""
     parts: list[str] = []
+    logprobs: list[TokenLogprob] | None = None
     events = state.hub.events(job_id, idle_s=state.settings.sse_ping_s)
     async for item in observe_events(state.redis, job_id, events):
         if isinstance(item, Heartbeat):
@@ -135,8 +185,10 @@ async def collect(state: AppState, job_id: str) -> tuple[str, Done]:
         event = item.event
         if isinstance(event, TokenChunk):
             parts.append(event.text)
+            if event.logprobs is not None:
+                logprobs = (logprobs or []) + event.logprobs
         elif isinstance(event, Done):
-            return "".join(parts), event
+            return Collected("".join(parts), event, logprobs)
         elif isinstance(event, Error):
             raise from_type(event.error_type, event.message)
     raise TokenrelayError("the job's event stream ended without a final event")

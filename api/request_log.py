@@ -30,6 +30,7 @@ from typing import TYPE_CHECKING, Any
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from tokenrelay.api.request_id import request_id
 from tokenrelay.shared.generation import GenerationRequest
 
 if TYPE_CHECKING:
@@ -56,6 +57,7 @@ class RequestRecord:
     arrived: float = field(default_factory=time.monotonic)
     arrived_at: float = field(default_factory=time.time)
     endpoint: str = UNMATCHED
+    request_id: str = ""
     status: int | None = None
     error_type: str | None = None
     job_id: str | None = None
@@ -83,6 +85,7 @@ class RequestRecord:
             "method": self.method,
             "path": self.path,
             "endpoint": self.endpoint,
+            "request_id": self.request_id,
             "status": self.status,
             "error_type": self.error_type,
             "job_id": self.job_id,
@@ -163,6 +166,7 @@ class RequestLog:
             path=scope["path"],
             log_prompts=self.log_prompts,
             metrics=self.metrics,
+            request_id=request_id(scope),
         )
 
         async def watched_send(message: Message) -> None:

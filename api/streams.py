@@ -108,6 +108,11 @@ class StreamHub:
                 else:
                     pending = await self._replay(job_id, last_seq)  # a message was lost
 
+    async def last_event(self, job_id: str) -> Delivery | None:
+        """The newest event of the job's log, None while (or once) the log is empty."""
+        entries: Any = await self._client.xrevrange(keys.job_events(job_id), count=1)
+        return _delivery(entries[0][1]["e"]) if entries else None
+
     async def _replay(self, job_id: str, after_seq: int) -> list[Delivery]:
         log_key = keys.job_events(job_id)
         entries: Any = await self._client.xrange(log_key, min=f"1-{after_seq + 1}")

@@ -35,12 +35,32 @@ class Started(_Event):
     prompt_tokens: int
 
 
+class TopLogprob(BaseModel):
+    """One candidate token: its text, its UTF-8 bytes (a token can hold part of a
+    character) and its log probability."""
+
+    token: str
+    bytes: list[int]
+    logprob: float
+
+
+class TokenLogprob(TopLogprob):
+    """A generated token's log probability, and the likeliest candidates at its step."""
+
+    top_logprobs: list[TopLogprob]
+
+
 class TokenChunk(_Event):
-    """Text generated since the previous chunk; `tokens` is how many tokens it holds."""
+    """Text generated since the previous chunk; `tokens` is how many tokens it holds, and
+    `logprobs` (only when the job asked for them) one entry per token."""
 
     type: Literal["token"] = "token"
     text: str
     tokens: int
+    logprobs: list[TokenLogprob] | None = None
+
+    def to_wire(self) -> str:
+        return self.model_dump_json(exclude={"seq"}, exclude_none=True)
 
 
 class Done(_Event):

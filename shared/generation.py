@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict
+from pydantic import BaseModel, ConfigDict, Field
 
 
 class ChatMessage(BaseModel):
@@ -21,7 +21,10 @@ class GenerationRequest(BaseModel):
     for `/v1/completions`) is set.
     `temperature` and `top_p` left `None` take the model's generation defaults;
     `temperature == 0` means greedy decoding; end-of-sequence is suppressed until
-    `min_tokens` tokens were generated (vLLM's extension of the OpenAI API).
+    `min_tokens` tokens were generated (vLLM's extension of the OpenAI API), and always with
+    `ignore_eos`. `top_k` `None` takes the model's default, 0 disables it. The penalties,
+    `logit_bias` (token id -> bias) and `stop_token_ids` are applied per sequence as vLLM
+    applies them (`worker.logits_processor`).
     """
 
     model_config = ConfigDict(frozen=True)
@@ -36,3 +39,14 @@ class GenerationRequest(BaseModel):
     stop: tuple[str, ...] = ()
     include_stop_str_in_output: bool = False
     seed: int | None = None
+    top_k: int | None = None
+    frequency_penalty: float = 0.0
+    presence_penalty: float = 0.0
+    repetition_penalty: float = 1.0
+    logit_bias: dict[int, float] = Field(default_factory=dict)
+    ignore_eos: bool = False
+    stop_token_ids: tuple[int, ...] = ()
+    #: None: no log probabilities; k >= 0: each token's and its step's k likeliest.
+    logprobs: int | None = None
+    #: A JSON schema (as JSON text) the output must match, enforced while decoding.
+    json_schema: str | None = None

@@ -78,6 +78,7 @@ class Settings(BaseSettings):
     synthetic_tokens_per_s: float = Field(default=20.0, gt=0)
     synthetic_first_token_ms: float = Field(default=0.0, ge=0)
     log_prompts: bool = False
+    truncate_messages: bool = False
     cache_dir: str = "~/.cache/tokenrelay"
     device: Literal["auto", "cpu", "cuda"] = "auto"
     dtype: Literal["auto", "float32", "bfloat16", "float16"] = "auto"

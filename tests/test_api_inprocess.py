@@ -7,9 +7,14 @@ from collections.abc import Iterator
 import pytest
 import redis
 from fastapi.testclient import TestClient
+from openai.types import completion_create_params as completion_params
+from openai.types.chat import completion_create_params as chat_params
 
 from tokenrelay.api.app import create_app
+from tokenrelay.api.errors import retry_headers
+from tokenrelay.api.field_support import NO_EFFECT, REFUSED, SUPPORT_KEY
 from tokenrelay.shared import scripts
+from tokenrelay.shared.errors import InvalidRequest, Overloaded, QuotaExceeded
 from tokenrelay.shared.events import Done, Started, TokenChunk, Usage
 from tokenrelay.shared.script_runner import SyncScripts
 from tokenrelay.shared.settings import Settings
@@ -70,10 +75,8 @@ def test_job_events_are_the_logged_payloads_with_their_seq_and_type(
         run.run(scripts.finish(settings, job_id, "succeeded", {}, events[2].to_wire()))
         response = client.get(f"/v1/jobs/{job_id}/events")
     assert response.status_code == 200
-    expected = "".join(
-        f"id: {event.seq}\nevent: {event.type}\ndata: {event.model_dump_json()}\n\n"
-        for event in events
-    )
+    wire = [(event, event.model_dump_json(exclude_none=True)) for event in events]
+    expected = "".join(f"id: {e.seq}\nevent: {e.type}\ndata: {data}\n\n" for e, data in wire)
     assert response.content == expected.encode()
 
 
@@ -95,7 +98,9 @@ def test_openapi_schema_lists_the_http_surface(redis_url: str) -> None:
         "/v1/jobs/{job_id}",
         "/v1/jobs/{job_id}/events",
         "/v1/cluster",
+        "/v1/models/{model_id}",
         "/healthz",
+        "/health",
         "/readyz",
     }
     assert set(paths["/v1/jobs/{job_id}"]) == {"get", "delete"}
@@ -111,6 +116,28 @@ def test_openapi_schema_lists_the_http_surface(redis_url: str) -> None:
     )
 
 
+@pytest.mark.parametrize(
+    ("schema_name", "params"),
+    [
+        ("ChatCompletionRequest", chat_params.CompletionCreateParamsBase),
+        ("CompletionRequest", completion_params.CompletionCreateParamsBase),
+    ],
+)
+def test_every_openai_request_field_is_declared_implemented_or_refused(
+    redis_url: str, schema_name: str, params: type
+) -> None:
+    """The schema names each field of openai-python's request types: none can vanish."""
+    schema = create_app(Settings(redis_url=redis_url)).openapi()["components"]["schemas"]
+    request = schema[schema_name]
+    assert request["additionalProperties"] is False
+    openai_fields = set(params.__annotations__) - {"stream"}
+    assert openai_fields <= set(request["properties"]), openai_fields - set(request["properties"])
+    marks = {name: prop.get(SUPPORT_KEY) for name, prop in request["properties"].items()}
+    assert set(marks.values()) <= {None, REFUSED, NO_EFFECT}
+    assert marks["messages" if schema_name == "ChatCompletionRequest" else "prompt"] is None
+    assert marks["user"] == NO_EFFECT
+
+
 def test_readyz_is_503_when_redis_is_unreachable() -> None:
     settings = Settings(redis_url="redis://127.0.0.1:1/0")
     with TestClient(create_app(settings)) as client:
@@ -123,6 +150,22 @@ def test_readyz_is_503_when_redis_is_unreachable() -> None:
         )
         assert chat.status_code == 503
         assert chat.json()["error"]["code"] == "redis_unavailable"
+        assert chat.headers["Retry-After"] == "1"
+        assert 500 <= int(chat.headers["retry-after-ms"]) <= 1500
+        assert client.get("/health").status_code == 503
+
+
+def test_retry_after_ms_is_jittered_around_retry_after() -> None:
+    """So the clients one instant refuses do not all come back in the same instant."""
+    values = set()
+    for _ in range(50):
+        headers = retry_headers(Overloaded("full", retry_after_s=2))
+        assert headers is not None and headers["Retry-After"] == "2"
+        values.add(int(headers["retry-after-ms"]))
+    assert len(values) > 10
+    assert all(1000 <= value <= 3000 for value in values)
+    assert retry_headers(QuotaExceeded("key at its limit")) is not None
+    assert retry_headers(InvalidRequest("bad")) is None
 
 
 def test_a_job_that_can_never_fit_a_batch_is_refused_at_admission(redis_url: str) -> None:
@@ -144,7 +187,7 @@ def test_every_operation_documents_its_error_responses(redis_url: str) -> None:
     schema = create_app(Settings(redis_url=redis_url)).openapi()
     assert "ErrorBody" in schema["components"]["schemas"]
     for path, operations in schema["paths"].items():
-        if path in ("/healthz", "/readyz"):
+        if path in ("/healthz", "/health", "/readyz"):
             continue
         for method, operation in operations.items():
             statuses = set(operation["responses"])

@@ -123,10 +123,42 @@ BAD_BODIES: list[tuple[dict[str, Any], str]] = [
     (body(stop=[1]), "stop.0"),
     (body(seed=2**64), "seed"),
     (body(n=2), "n"),
-    (body(logprobs=True), "logprobs"),
+    (body(logprobs="maybe"), "logprobs"),
+    (body(logprobs=True, top_logprobs=21), "top_logprobs"),
     (body(stream="maybe"), "stream"),
     (body(stream_options={"include_usage": "often"}), "stream_options.include_usage"),
     (body(metadata={"k": 1}), "metadata.k"),
+    (body(top_k_typo=3), "top_k_typo"),
+    (body(logit_bias={"x": 1}), "logit_bias.x"),
+    (body(logit_bias={"5": 101}), "logit_bias.5"),
+    (body(frequency_penalty=3), "frequency_penalty"),
+    (body(presence_penalty=-2.5), "presence_penalty"),
+    (body(repetition_penalty=0), "repetition_penalty"),
+    (body(stop_token_ids=[-1]), "stop_token_ids.0"),
+    (body(top_k=-2), "top_k"),
+    (body(stream_options={"include_usage": True, "extra": 1}), "stream_options.extra"),
+    (body(stream_options={"include_obfuscation": True}), "stream_options.include_obfuscation"),
+    (body(messages=[{"role": "user", "content": "hi", "name": "ann"}]), "messages.0.name"),
+    (body(messages=[{"role": "user", "content": "hi", "colour": 1}]), "messages.0.colour"),
+    (
+        body(messages=[{"role": "user", "content": [{"type": "text", "text": "a", "x": 1}]}]),
+        "messages.0.content.0.x",
+    ),
+    (body(store=True), "store"),
+    (body(service_tier="flex"), "service_tier"),
+    (body(modalities=["text", "audio"]), "modalities.1"),
+    (body(response_format={"type": "xml"}), "response_format"),
+    (body(response_format={"type": "json_schema"}), "response_format.json_schema.json_schema"),
+    (
+        body(response_format={"type": "json_schema", "json_schema": {"name": "v", "x": 1}}),
+        "response_format.json_schema.json_schema.x",
+    ),
+    (body(response_format={"type": "json_object"}, min_tokens=2), "min_tokens"),
+    (body(top_logprobs=2), "top_logprobs"),
+    (body(tools=[]), "tools"),
+    (body(tool_choice="auto"), "tool_choice"),
+    (body(audio={"voice": "alloy"}), "audio"),
+    (body(reasoning_effort="low"), "reasoning_effort"),
 ]
 
 
@@ -136,6 +168,39 @@ def test_bad_field_is_a_400_naming_it(
     api: TestClient, path: str, payload: dict[str, Any], param: str
 ) -> None:
     assert_error(api.post(path, json=payload), 400, "invalid_request_error", param)
+
+
+COMPLETION_BAD_BODIES: list[tuple[dict[str, Any], str]] = [
+    ({"model": MODEL, "prompt": "hi", "echo": True}, "echo"),
+    ({"model": MODEL, "prompt": "hi", "suffix": "end"}, "suffix"),
+    ({"model": MODEL, "prompt": "hi", "best_of": 2}, "best_of"),
+    ({"model": MODEL, "prompt": "hi", "logprobs": 21}, "logprobs"),
+    ({"model": MODEL, "prompt": "hi", "messages": MESSAGES}, "messages"),
+    ({"model": MODEL, "prompt": "hi", "metadata": {}}, "metadata"),
+]
+
+
+@pytest.mark.parametrize(("payload", "param"), COMPLETION_BAD_BODIES)
+def test_bad_completion_field_is_a_400_naming_it(
+    api: TestClient, payload: dict[str, Any], param: str
+) -> None:
+    assert_error(api.post("/v1/completions", json=payload), 400, "invalid_request_error", param)
+
+
+def test_an_unknown_field_is_refused_not_ignored(api: TestClient) -> None:
+    message = assert_error(
+        api.post("/v1/chat/completions", json=body(frobnicate=True)),
+        400,
+        "invalid_request_error",
+        "frobnicate",
+    )
+    assert "refused rather than ignored" in message
+
+
+def test_null_for_a_refused_field_counts_as_absent(api: TestClient) -> None:
+    """Clients that send every field send `null` for the ones they leave unset."""
+    response = api.post("/v1/chat/completions", json=body(tools=None, audio=None, max_tokens=0))
+    assert_error(response, 400, "invalid_request_error", "max_tokens")
 
 
 def test_unknown_model_is_a_404_naming_the_served_one(api: TestClient) -> None:

@@ -549,7 +549,10 @@ def test_sentinel_redis_reaches_every_process(rendered: dict[str, list[dict[str,
             "key": "sentinel-password",
         }
         assert env["TOKENRELAY_REDIS_URL"]["valueFrom"]["secretKeyRef"]["key"] == "url"
-    assert not {d["kind"] for d in docs} & {"StatefulSet", "Secret"}
+    # No Redis of the chart's own: Redis and its passwords come from the existing Secret; the
+    # chart makes only the owner-id secret.
+    assert "StatefulSet" not in {d["kind"] for d in docs}
+    assert set(objects(docs, "Secret")) == {"tokenrelay-owner-id"}
     assert "TOKENRELAY_REDIS_SENTINELS" not in one(rendered["default"], "ConfigMap", "")["data"]
 
 

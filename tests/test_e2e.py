@@ -292,5 +292,5 @@ def test_text_completions_stream_and_not(client: openai.OpenAI) -> None:
     assert streamed == whole.choices[0].text
     assert whole.choices[0].finish_reason in ("stop", "length")
     assert whole.usage is not None and chunks[-1].usage == whole.usage
-    with pytest.raises(openai.BadRequestError, match="logprobs"):
-        client.completions.create(model=MODEL_NAME, prompt="x", logprobs=2)
+    with pytest.raises(openai.BadRequestError, match="suffix"):
+        client.completions.create(model=MODEL_NAME, prompt="x", suffix="y")

@@ -36,6 +36,7 @@ class ScriptedEngine:
     """Each sequence 'generates' the UTF-8 bytes of the text its prompt names, then EOS."""
 
     max_context_tokens = 64
+    vocab_size = 256
     device = "cpu"
 
     def __init__(self, texts: dict[str, str], on_step: Callable[[int], None] = lambda _: None):
@@ -54,6 +55,9 @@ class ScriptedEngine:
 
     def new_decoder(self) -> ByteDecoder:
         return ByteDecoder()
+
+    def token_bytes(self, token_id: int) -> bytes:
+        return bytes([token_id])
 
     def add(self, seq_id: str, prompt_ids: list[int], params: SamplingParams) -> None:
         self.seen = params
@@ -350,3 +354,39 @@ def test_events_redis_lost_after_acknowledging_them_are_sent_again(
     assert "".join(e["text"] for e in log if e["type"] == "token") == text
     assert sync_redis.get(keys.job_text("j")) == text
     assert sync_redis.hget(keys.job("j"), "status") == "succeeded"
+
+
+class LongChatEngine(ScriptedEngine):
+    """Twenty tokens per turn: a long history overflows the 64-token context."""
+
+    def encode_chat(self, messages: Sequence[ChatMessage]) -> list[int]:
+        return [1] * (20 * len(messages))
+
+
+@pytest.mark.parametrize("truncate", [False, True])
+def test_truncation_drops_the_oldest_turns_only_when_the_setting_is_on(
+    settings: Settings,
+    sync_redis: redis.Redis,
+    parts: tuple[CountingScripts, ActiveJobs],
+    truncate: bool,
+) -> None:
+    run, active = parts
+    settings = settings.model_copy(update={"truncate_messages": truncate})
+    engine = LongChatEngine({"j": "ok"})
+    batcher = Batcher(engine, run, settings, active)
+    batcher.start()
+    try:
+        admit(run, settings, "j")
+        turns = [ChatMessage(role="user" if i % 2 else "assistant", content="t") for i in range(6)]
+        body = GenerationRequest(model="m", messages=tuple(turns), max_tokens=10)
+        runner = JobRunner(engine, batcher, run, settings, "w", active)
+        if not truncate:
+            with pytest.raises(Exception, match="maximum context length is 64"):
+                runner.generate("j", body.model_dump(mode="json"))
+            return
+        runner.generate("j", body.model_dump(mode="json"))
+    finally:
+        batcher.stop()
+    log = events(sync_redis, "j")
+    assert log[0]["type"] == "started" and log[0]["prompt_tokens"] == 40  # 2 turns kept
+    assert log[-1]["type"] == "done"

@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import dataclasses
+import json
 from pathlib import Path
 
 import pytest
 
+from tokenrelay.shared.errors import InvalidRequest
 from tokenrelay.shared.generation import ChatMessage
 from tokenrelay.worker.engine import SamplingParams
 from tokenrelay.worker.transformers_engine import TransformersEngine
@@ -137,3 +140,94 @@ def test_removed_job_frees_its_row_at_once(engine: TransformersEngine) -> None:
 def test_eos_is_suppressed_until_min_tokens(engine: TransformersEngine) -> None:
     tokens, _ = run(engine, [("m", "hi", SEEDED, 0)])
     assert len(tokens["m"]) == SEEDED.max_tokens
+
+
+def greedy(**controls: object) -> SamplingParams:
+    return dataclasses.replace(GREEDY, **controls)  # type: ignore[arg-type]
+
+
+def test_logit_bias_minus_100_removes_the_token_greedy_decoding_picks(
+    engine: TransformersEngine,
+) -> None:
+    plain, _ = run(engine, [("a", "hello there", GREEDY, 0)])
+    banned = plain["a"][0]
+    biased, _ = run(engine, [("a", "hello there", greedy(logit_bias=((banned, -100.0),)), 0)])
+    assert biased["a"][0] != banned
+    assert banned not in biased["a"]
+
+
+def test_penalties_change_a_repetitive_greedy_reply_inside_a_shared_batch(
+    engine: TransformersEngine,
+) -> None:
+    plain, _ = run(engine, [("a", "hello there", greedy(max_tokens=48, min_tokens=48), 0)])
+    repeats = len(plain["a"]) - len(set(plain["a"]))
+    assert repeats > 0, "the greedy reply repeats tokens (what the penalties act on)"
+    penalised = {
+        "freq": greedy(max_tokens=48, min_tokens=48, frequency_penalty=2.0),
+        "pres": greedy(max_tokens=48, min_tokens=48, presence_penalty=2.0),
+        "rep": greedy(max_tokens=48, min_tokens=48, repetition_penalty=2.0),
+    }
+    jobs = [("a", "hello there", greedy(max_tokens=48, min_tokens=48), 0)]
+    jobs += [(name, "hello there", params, 0) for name, params in penalised.items()]
+    tokens, _ = run(engine, jobs)
+    assert tokens["a"] == plain["a"], "a job without penalties is untouched by its neighbours"
+    for name in penalised:
+        assert tokens[name] != plain["a"], name
+        assert len(tokens[name]) - len(set(tokens[name])) < repeats, name
+
+
+def test_ignore_eos_and_stop_token_ids(engine: TransformersEngine) -> None:
+    free = greedy(max_tokens=24, min_tokens=0)
+    plain, _ = run(engine, [("a", "hi", free, 0)])
+    stop_at = plain["a"][3]
+    first = plain["a"].index(stop_at)
+    stopped, _ = run(
+        engine, [("a", "hi", greedy(min_tokens=0, stop_token_ids=frozenset({stop_at})), 0)]
+    )
+    assert stopped["a"] == plain["a"][:first]
+    eos = sorted(engine._eos_ids)
+    never_eos = greedy(
+        max_tokens=24, min_tokens=0, ignore_eos=True, logit_bias=tuple((e, 100.0) for e in eos)
+    )
+    tokens, _ = run(engine, [("a", "hi", never_eos, 0)])
+    assert len(tokens["a"]) == 24, "end-of-sequence, biased up, is still never sampled"
+
+
+BOUNDED_SCHEMA = {
+    "type": "object",
+    "properties": {
+        "name": {"type": "string", "maxLength": 8},
+        "ok": {"type": "boolean"},
+        "n": {"type": "integer", "minimum": 0, "maximum": 999},
+        "colour": {"enum": ["red", "green"]},
+    },
+    "required": ["name", "ok", "n", "colour"],
+    "additionalProperties": False,
+}
+
+
+def test_a_json_schema_is_enforced_per_row_and_always_closes_on_random_weights(
+    engine: TransformersEngine,
+) -> None:
+    grammar = engine.compile_grammar(json.dumps(BOUNDED_SCHEMA))
+    free = dataclasses.replace(SEEDED, max_tokens=200, min_tokens=0, temperature=1.5, top_k=0)
+    jobs = [
+        (f"s{seed}", f"hi {seed}", dataclasses.replace(free, seed=seed, grammar=grammar), seed)
+        for seed in range(6)
+    ]
+    jobs.append(("plain", "hello there", GREEDY, 0))
+    tokens, _ = run(engine, jobs)
+    alone, _ = run(engine, [("plain", "hello there", GREEDY, 0)])
+    assert tokens["plain"] == alone["plain"], "the unconstrained neighbour is untouched"
+    for seed in range(6):
+        text = engine.tokenizer.decode(tokens[f"s{seed}"], skip_special_tokens=True)
+        document = json.loads(text)
+        assert set(document) == {"name", "ok", "n", "colour"}
+        assert len(document["name"]) <= 8 and isinstance(document["ok"], bool)
+        assert 0 <= document["n"] <= 999 and document["colour"] in ("red", "green")
+        assert len(tokens[f"s{seed}"]) < 200, "closed well before max_tokens"
+
+
+def test_a_schema_the_grammar_engine_cannot_take_is_a_400(engine: TransformersEngine) -> None:
+    with pytest.raises(InvalidRequest, match="response_format"):
+        engine.compile_grammar(json.dumps({"type": "object", "properties": {"a": {"$ref": "#/x"}}}))

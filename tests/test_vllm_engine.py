@@ -189,3 +189,61 @@ def test_a_killed_vllm_worker_fails_its_job_as_worker_lost(
     with redis.Redis.from_url(cluster.redis_url) as client:
         assert client.zcard(keys.leases()) == 0
     start_vllm_worker(cluster, vllm_python)  # later tests in this module get a worker again
+
+
+def greedy_token_id(model_dir: Path, token: bytes) -> int:
+    """The id of the token whose bytes are `token` (OpenAI's logprobs name tokens by bytes)."""
+    from transformers import AutoTokenizer
+
+    from tokenrelay.worker.token_bytes import TokenBytes
+
+    tokenizer = AutoTokenizer.from_pretrained(model_dir)
+    bytes_of = TokenBytes(tokenizer)
+    return next(i for i in range(len(tokenizer)) if bytes_of(i) == token)
+
+
+def test_logprobs_logit_bias_and_a_json_schema_through_vllm(
+    cluster: Cluster, h32_model_dir: Path
+) -> None:
+    """The OpenAI sampling surface reaches vLLM's own implementations: raw log probabilities
+    with the likeliest candidates, a bias that bans the greedy token, and a schema enforced
+    by vLLM's structured outputs."""
+    schema = {
+        "type": "object",
+        "properties": {"ok": {"type": "boolean"}, "n": {"type": "integer", "enum": [1, 2, 3]}},
+        "required": ["ok", "n"],
+        "additionalProperties": False,
+    }
+    with httpx.Client(base_url=cluster.base_url, timeout=120) as http:
+        greedy = {"temperature": 0, "max_tokens": 4, "logprobs": True, "top_logprobs": 2}
+        first = http.post("/v1/chat/completions", json=chat("hi", 4, **greedy)).json()
+        content = first["choices"][0]["logprobs"]["content"]
+        assert len(content) == first["usage"]["completion_tokens"] == 4
+        assert all(len(entry["top_logprobs"]) == 2 for entry in content)
+        top = content[0]["top_logprobs"][0]
+        assert content[0]["logprob"] == pytest.approx(top["logprob"], abs=1e-4)
+        banned = greedy_token_id(h32_model_dir, bytes(content[0]["bytes"]))
+        biased = {**greedy, "logit_bias": {str(banned): -100}}
+        other = http.post("/v1/chat/completions", json=chat("hi", 4, **biased)).json()
+        assert other["choices"][0]["logprobs"]["content"][0]["bytes"] != content[0]["bytes"]
+        structured = {
+            "response_format": {
+                "type": "json_schema",
+                "json_schema": {"name": "answer", "schema": schema, "strict": True},
+            },
+            "temperature": 1.0,
+            "seed": 5,
+            "max_tokens": 60,
+        }
+        reply = http.post(
+            "/v1/chat/completions",
+            json={
+                "model": MODEL_NAME,
+                "messages": [{"role": "user", "content": "go"}],
+                **structured,
+            },
+        )
+        assert reply.status_code == 200, reply.text
+        document = json.loads(reply.json()["choices"][0]["message"]["content"])
+        assert set(document) == {"ok", "n"}
+        assert isinstance(document["ok"], bool) and document["n"] in (1, 2, 3)

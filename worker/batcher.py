@@ -23,12 +23,18 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import Literal
 
-from tokenrelay.shared.events import TokenChunk
+from tokenrelay.shared.events import TokenChunk, TokenLogprob, TopLogprob
 from tokenrelay.shared.script_runner import SyncScripts
 from tokenrelay.shared.settings import Settings
 from tokenrelay.worker.active_jobs import ActiveJobs
 from tokenrelay.worker.delivery import Backoff, Courier, JobLog
-from tokenrelay.worker.engine import Engine, IncrementalDecoder, SamplingParams, TokenOutput
+from tokenrelay.worker.engine import (
+    Engine,
+    IncrementalDecoder,
+    Logprob,
+    SamplingParams,
+    TokenOutput,
+)
 from tokenrelay.worker.stop_strings import StopStringMatcher
 
 log = logging.getLogger(__name__)
@@ -49,6 +55,7 @@ class BatchJob:
     completion_tokens: int = 0
     unsent_tokens: int = 0
     unsent_text: str = ""
+    unsent_logprobs: list[TokenLogprob] = field(default_factory=list)
     last_sent_s: float = float("-inf")
     finish_reason: Literal["stop", "length"] | None = None
     error: Exception | None = None
@@ -153,6 +160,8 @@ class Batcher:
                 job.completion_tokens += 1
                 job.unsent_tokens += 1
                 text = job.matcher.feed(job.decoder.step(output.token_id))
+                if output.logprob is not None:
+                    job.unsent_logprobs.append(self._logprob(output.token_id, output.logprob))
             if job.matcher.stopped:
                 job.finish_reason = "stop"
                 if output.finish_reason is None:
@@ -165,15 +174,32 @@ class Batcher:
             due = last or now - job.last_sent_s >= flush_interval_s
             # The last chunk also carries tokens that decoded to no text, so the events count
             # every completion token.
-            if (job.unsent_text and due) or (last and job.unsent_tokens):
-                chunk = TokenChunk(text=job.unsent_text, tokens=job.unsent_tokens)
+            pending = job.unsent_text or job.unsent_logprobs
+            if (pending and due) or (last and job.unsent_tokens):
+                chunk = TokenChunk(
+                    text=job.unsent_text,
+                    tokens=job.unsent_tokens,
+                    logprobs=job.unsent_logprobs if job.params.logprobs is not None else None,
+                )
                 job.log.add(chunk.to_wire(), job.unsent_text)
                 job.unsent_text, job.unsent_tokens, job.last_sent_s = "", 0, now
+                job.unsent_logprobs = []
             if job.finish_reason is not None:
                 ended.append(job)
         self._send()
         for job in ended:
             self._end(job)
+
+    def _logprob(self, token_id: int, logprob: Logprob) -> TokenLogprob:
+        value, top = logprob
+        return TokenLogprob(
+            **self._candidate(token_id, value).model_dump(),
+            top_logprobs=[self._candidate(i, lp) for i, lp in top],
+        )
+
+    def _candidate(self, token_id: int, logprob: float) -> TopLogprob:
+        raw = self._engine.token_bytes(token_id)
+        return TopLogprob(token=raw.decode(errors="replace"), bytes=list(raw), logprob=logprob)
 
     def _send(self) -> None:
         logs = [job.log for job in self._running.values() if not job.log.complete]

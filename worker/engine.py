@@ -4,8 +4,10 @@ An engine decodes many sequences in shared steps. `add` queues a sequence to joi
 next step, `remove` frees its row at once, and `step` runs one decoding step for every
 sequence, returning one `TokenOutput` each. A sequence leaves the engine by itself when
 it samples end-of-sequence (`finish_reason="stop"`, no token) or reaches `max_tokens`
-(`finish_reason="length"`, with its last token). The transformers engine implements it
-(`worker.transformers_engine`); a vLLM engine can slot in later.
+(`finish_reason="length"`, with its last token). A sequence that asks for log probabilities
+gets them from the model's raw distribution: the log-softmax of its logits before penalties,
+biases, temperature, top-k and top-p (vLLM's default, `raw_logprobs`). The transformers
+engine implements it (`worker.transformers_engine`); a vLLM engine can slot in later.
 """
 
 from __future__ import annotations
@@ -20,7 +22,10 @@ from tokenrelay.shared.generation import ChatMessage
 @dataclass(frozen=True)
 class SamplingParams:
     """Per-sequence sampling. `temperature == 0` is greedy; `top_k == 0` disables top-k;
-    end-of-sequence cannot be sampled before `min_tokens` tokens."""
+    end-of-sequence (and `stop_token_ids`) cannot be sampled before `min_tokens` tokens,
+    and end-of-sequence never with `ignore_eos`. Penalties and biases adjust the logits
+    before sampling (`worker.logits_processor`); a token of `stop_token_ids` ends the
+    sequence as end-of-sequence does."""
 
     max_tokens: int
     min_tokens: int
@@ -28,6 +33,20 @@ class SamplingParams:
     top_p: float
     top_k: int
     seed: int | None
+    frequency_penalty: float = 0.0
+    presence_penalty: float = 0.0
+    repetition_penalty: float = 1.0
+    logit_bias: tuple[tuple[int, float], ...] = ()
+    ignore_eos: bool = False
+    stop_token_ids: frozenset[int] = frozenset()
+    #: None: no log probabilities; k >= 0: each token's, and the k likeliest candidates'.
+    logprobs: int | None = None
+    #: A grammar from the engine's `compile_grammar`, enforced while decoding; None: none.
+    grammar: object = None
+
+
+#: A token's log probability and its step's likeliest (token id, log probability) pairs.
+Logprob = tuple[float, tuple[tuple[int, float], ...]]
 
 
 @dataclass(frozen=True)
@@ -37,6 +56,7 @@ class TokenOutput:
     seq_id: str
     token_id: int | None
     finish_reason: Literal["stop", "length"] | None = None
+    logprob: Logprob | None = None
 
 
 class IncrementalDecoder(Protocol):
@@ -47,6 +67,8 @@ class IncrementalDecoder(Protocol):
 
 class Engine(Protocol):
     max_context_tokens: int
+    #: Token ids are below this (`logit_bias` and `stop_token_ids` are checked against it).
+    vocab_size: int
     device: str
 
     def encode_chat(self, messages: Sequence[ChatMessage]) -> list[int]: ...
@@ -58,6 +80,15 @@ class Engine(Protocol):
         ...
 
     def new_decoder(self) -> IncrementalDecoder: ...
+
+    def token_bytes(self, token_id: int) -> bytes:
+        """The token's UTF-8 bytes (part of a character, for some), for log probabilities."""
+        ...
+
+    def compile_grammar(self, json_schema: str) -> object:
+        """A grammar for `SamplingParams.grammar` that only lets documents valid for
+        `json_schema` be generated; raises `InvalidRequest` where it cannot."""
+        ...
 
     def tokenizer_json(self) -> str | None:
         """The tokenizer in `tokenizers`' JSON form, for API nodes to count prompt tokens at

@@ -16,13 +16,20 @@ from typing import Any
 from redis.exceptions import RedisError
 
 from tokenrelay.shared import scripts
-from tokenrelay.shared.errors import GenerationFailed, JobCancelled, TokenrelayError, WorkerLost
+from tokenrelay.shared.errors import (
+    GenerationFailed,
+    InvalidRequest,
+    JobCancelled,
+    TokenrelayError,
+    WorkerLost,
+)
 from tokenrelay.shared.events import Done, Error, Started, Usage
 from tokenrelay.shared.generation import GenerationRequest
 from tokenrelay.shared.jobs import JobField, JobStatus, error_fields
 from tokenrelay.shared.model_limits import ModelLimits
 from tokenrelay.shared.script_runner import SyncScripts
 from tokenrelay.shared.settings import Settings
+from tokenrelay.shared.truncation import truncate_oldest
 from tokenrelay.worker.active_jobs import ActiveJobs, StopReason
 from tokenrelay.worker.batcher import Batcher, BatchJob
 from tokenrelay.worker.delivery import Backoff, Courier, JobLog
@@ -59,6 +66,11 @@ class JobRunner:
         parsed = GenerationRequest.model_validate(request)
         if parsed.prompt is not None:
             prompt_ids = self._engine.encode_prompt(parsed.prompt)
+        elif self._settings.truncate_messages:
+            budget = self._limits().tokens_per_job - parsed.max_tokens
+            _, prompt_ids = truncate_oldest(
+                parsed.messages, self._engine.encode_chat, lambda count: count <= budget
+            )
         else:
             prompt_ids = self._engine.encode_chat(parsed.messages)
         started = Started(worker=self._worker_name, prompt_tokens=len(prompt_ids))
@@ -131,21 +143,42 @@ class JobRunner:
         finally:
             job.abandoned = not job.done.is_set()
 
+    def _limits(self) -> ModelLimits:
+        return ModelLimits(self._engine.max_context_tokens, self._settings.worker_max_batch_tokens)
+
     def _check_fits(self, request: GenerationRequest, prompt_tokens: int) -> None:
-        limits = ModelLimits(
-            self._engine.max_context_tokens, self._settings.worker_max_batch_tokens
-        )
-        limits.check_fits(prompt_tokens, request.max_tokens, "messages")
+        self._limits().check_fits(prompt_tokens, request.max_tokens, "messages")
 
     def _sampling(self, request: GenerationRequest) -> SamplingParams:
         temperature, top_p, top_k = self._engine.sampling_defaults()
+        vocab = self._engine.vocab_size
+        for field, ids in (
+            ("logit_bias", request.logit_bias),
+            ("stop_token_ids", request.stop_token_ids),
+        ):
+            if outside := sorted(i for i in ids if i >= vocab):
+                raise InvalidRequest(
+                    f"`{field}` names token ids {outside[:5]} outside this model's vocabulary "
+                    f"(ids 0 to {vocab - 1})",
+                    param=field,
+                )
         return SamplingParams(
             max_tokens=request.max_tokens,
             min_tokens=request.min_tokens,
             temperature=request.temperature if request.temperature is not None else temperature,
             top_p=request.top_p if request.top_p is not None else top_p,
-            top_k=top_k,
+            top_k=request.top_k if request.top_k is not None else top_k,
             seed=request.seed,
+            frequency_penalty=request.frequency_penalty,
+            presence_penalty=request.presence_penalty,
+            repetition_penalty=request.repetition_penalty,
+            logit_bias=tuple(sorted(request.logit_bias.items())),
+            ignore_eos=request.ignore_eos,
+            stop_token_ids=frozenset(request.stop_token_ids),
+            logprobs=request.logprobs,
+            grammar=None
+            if request.json_schema is None
+            else self._engine.compile_grammar(request.json_schema),
         )
 
     def _conclude(self, job: BatchJob, prompt_tokens: int) -> str:

@@ -12,7 +12,7 @@ from typing import Any
 
 import torch
 
-from tokenrelay.worker.engine import SamplingParams
+from tokenrelay.worker.engine import Logprob, SamplingParams
 
 
 def new_generator(seed: int | None, device: str) -> torch.Generator:
@@ -37,6 +37,17 @@ def sample_token(logits: Any, params: SamplingParams, generator: torch.Generator
         outside = torch.cumsum(probs, dim=-1) - probs > params.top_p
         probs = probs.masked_fill(outside, 0.0)
     return int(ids[torch.multinomial(probs, 1, generator=generator)])
+
+
+def raw_logprob(logits: Any, token: int, top: int) -> Logprob:
+    """`token`'s log probability under the model's raw distribution (log-softmax of the
+    logits before any penalty, bias, temperature or filter), and the `top` likeliest."""
+    logprobs = torch.log_softmax(logits.float(), dim=-1)
+    candidates: tuple[tuple[int, float], ...] = ()
+    if top > 0:
+        values, ids = torch.topk(logprobs, top)
+        candidates = tuple(zip(ids.tolist(), values.tolist(), strict=True))
+    return float(logprobs[token]), candidates
 
 
 def _random_seed() -> int:

@@ -1,8 +1,10 @@
 """A model-free engine for benchmarks: every sequence emits one token per
 `1 / TOKENRELAY_SYNTHETIC_TOKENS_PER_S` seconds after a first-token delay, through the same
 batcher, Redis and API path as a real model, so the plumbing can be measured apart from
-the model. Only runs when `TOKENRELAY_ENGINE=synthetic` and
-`TOKENRELAY_ALLOW_SYNTHETIC_ENGINE=1` are both set: it serves no real text.
+the model. Token `n` of a sequence has id `n`, so `stop_token_ids` end it there (the other
+sampling controls have no logits to act on), and each token's log probability is 0. Only
+runs when `TOKENRELAY_ENGINE=synthetic` and `TOKENRELAY_ALLOW_SYNTHETIC_ENGINE=1` are both
+set: it serves no real text.
 """
 
 from __future__ import annotations
@@ -11,6 +13,7 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from tokenrelay.shared.errors import InvalidRequest
 from tokenrelay.shared.generation import ChatMessage
 from tokenrelay.worker.engine import IncrementalDecoder, SamplingParams, TokenOutput
 
@@ -33,6 +36,7 @@ class _WordDecoder:
 class SyntheticEngine:
     device = "none"
     max_context_tokens = 1 << 20
+    vocab_size = 1 << 20
 
     def __init__(self, tokens_per_s: float, first_token_ms: float) -> None:
         self._interval_s = 1.0 / tokens_per_s
@@ -50,6 +54,15 @@ class SyntheticEngine:
 
     def new_decoder(self) -> IncrementalDecoder:
         return _WordDecoder()
+
+    def token_bytes(self, token_id: int) -> bytes:
+        return _VOCAB[token_id % len(_VOCAB)].encode()
+
+    def compile_grammar(self, json_schema: str) -> object:
+        raise InvalidRequest(
+            "`response_format` cannot be enforced by the synthetic engine (it has no vocabulary)",
+            param="response_format",
+        )
 
     def tokenizer_json(self) -> str | None:
         return None
@@ -75,8 +88,13 @@ class SyntheticEngine:
                 continue
             row.produced += 1
             row.next_due += self._interval_s
+            if row.produced in row.params.stop_token_ids and row.produced > row.params.min_tokens:
+                outputs.append(TokenOutput(seq_id, None, "stop"))
+                del self._rows[seq_id]
+                continue
             done = row.produced >= row.params.max_tokens
-            outputs.append(TokenOutput(seq_id, row.produced, "length" if done else None))
+            logprob = None if row.params.logprobs is None else (0.0, ())
+            outputs.append(TokenOutput(seq_id, row.produced, "length" if done else None, logprob))
             if done:
                 del self._rows[seq_id]
         return outputs

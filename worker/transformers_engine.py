@@ -24,8 +24,11 @@ import torch
 
 from tokenrelay.shared.generation import ChatMessage
 from tokenrelay.worker.engine import IncrementalDecoder, ModelLoadError, SamplingParams, TokenOutput
+from tokenrelay.worker.grammar import GrammarCompiler, GrammarState
+from tokenrelay.worker.logits_processor import LogitsProcessor
 from tokenrelay.worker.model_files import DecodeStreamDecoder, check_reachable
-from tokenrelay.worker.sampling import new_generator, sample_token
+from tokenrelay.worker.sampling import new_generator, raw_logprob, sample_token
+from tokenrelay.worker.token_bytes import TokenBytes
 
 
 @dataclass
@@ -33,6 +36,8 @@ class _Row:
     seq_id: str
     params: SamplingParams
     generator: torch.Generator
+    processor: LogitsProcessor
+    grammar: GrammarState | None
     length: int
     produced: int = 0
     last_token: int = 0
@@ -83,7 +88,7 @@ class TransformersEngine:
             {int(i) for i in (eos if isinstance(eos, list) else [eos]) if i is not None}
         )
         self._eos_ids = frozenset(eos_ids)
-        self._eos_index = torch.tensor(eos_ids, device=device)
+        self.vocab_size = int(self.model.get_output_embeddings().weight.shape[0])
         self._pad_id = int(self.tokenizer.pad_token_id or eos_ids[0])
         sampling = bool(generation.do_sample)
         self._defaults = (
@@ -97,6 +102,8 @@ class TransformersEngine:
         self._mask: torch.Tensor | None = None
         self._prefilled_last = False
         self._max_prefill_tokens = max_prefill_tokens
+        self._token_bytes = TokenBytes(self.tokenizer)
+        self._grammar_compiler: GrammarCompiler | None = None
 
     def encode_chat(self, messages: Sequence[ChatMessage]) -> list[int]:
         chat = [{"role": m.role, "content": m.content} for m in messages]
@@ -113,6 +120,12 @@ class TransformersEngine:
 
     def new_decoder(self) -> IncrementalDecoder:
         return DecodeStreamDecoder(self.tokenizer.backend_tokenizer)
+
+    def token_bytes(self, token_id: int) -> bytes:
+        return self._token_bytes(token_id)
+
+    def compile_grammar(self, json_schema: str) -> object:
+        return self._grammars().compile(json_schema)
 
     def tokenizer_json(self) -> str | None:
         return str(self.tokenizer.backend_tokenizer.to_str())
@@ -162,10 +175,7 @@ class TransformersEngine:
             use_cache=True,
             **self._prefill_options,
         )
-        rows = [
-            _Row(j.seq_id, j.params, new_generator(j.params.seed, self.device), len(j.prompt_ids))
-            for j in joiners
-        ]
+        rows = [self._new_row(j, len(j.prompt_ids)) for j in joiners]
         self._merge(output.cache, mask, rows)
         return self._sample(rows, output.logits[:, -1, :])
 
@@ -189,10 +199,25 @@ class TransformersEngine:
         if end < len(joiner.prompt_ids):
             return []
         self._joiners.remove(joiner)
-        params = joiner.params
-        row = _Row(joiner.seq_id, params, new_generator(params.seed, self.device), end)
+        row = self._new_row(joiner, end)
         self._merge(output.cache, mask, [row])
         return self._sample([row], output.logits[:, -1, :])
+
+    def _new_row(self, joiner: _Joiner, length: int) -> _Row:
+        params = joiner.params
+        processor = LogitsProcessor(params, joiner.prompt_ids, self._eos_ids)
+        grammar = None
+        if params.grammar is not None:
+            grammar = self._grammars().matcher(params.grammar)
+        generator = new_generator(params.seed, self.device)
+        return _Row(joiner.seq_id, params, generator, processor, grammar, length)
+
+    def _grammars(self) -> GrammarCompiler:
+        if self._grammar_compiler is None:
+            self._grammar_compiler = GrammarCompiler(
+                self.tokenizer, self.vocab_size, sorted(self._eos_ids), self._token_bytes
+            )
+        return self._grammar_compiler
 
     def _decode(self) -> list[TokenOutput]:
         assert self._mask is not None
@@ -217,18 +242,24 @@ class TransformersEngine:
         outputs: list[TokenOutput] = []
         finished: set[str] = set()
         for i, row in enumerate(rows):
-            row_logits = logits[i]
-            if row.produced < row.params.min_tokens:
-                row_logits = row_logits.index_fill(0, self._eos_index, float("-inf"))
+            row_logits = row.processor.adjust(logits[i], row.produced)
+            if row.grammar is not None:  # on a copy: logprobs read the raw row
+                row_logits = row.grammar.mask(row_logits.clone())
             token = sample_token(row_logits, row.params, row.generator)
-            if token in self._eos_ids:
+            if row.grammar is not None:
+                row.grammar.accept(token)
+            if token in self._eos_ids or token in row.params.stop_token_ids:
                 outputs.append(TokenOutput(row.seq_id, None, "stop"))
                 finished.add(row.seq_id)
                 continue
+            row.processor.observe(token)
             row.produced += 1
             row.last_token = token
             done = row.produced >= row.params.max_tokens
-            outputs.append(TokenOutput(row.seq_id, token, "length" if done else None))
+            logprob = None
+            if row.params.logprobs is not None:
+                logprob = raw_logprob(logits[i], token, row.params.logprobs)
+            outputs.append(TokenOutput(row.seq_id, token, "length" if done else None, logprob))
             if done:
                 finished.add(row.seq_id)
         if finished:

@@ -3,13 +3,18 @@
 vLLM's synchronous `LLMEngine`, in this process (`VLLM_ENABLE_V1_MULTIPROCESSING=0`), maps
 one-to-one onto the protocol: `add` is `add_request` with the prompt's token ids, `remove`
 is `abort_request`, `step` is one scheduling step and one forward pass. vLLM returns token
-ids only (`skip_tokenizer_init`, `detokenize=False`, `DELTA` outputs): our tokenizer,
-incremental decoder and stop strings stay in charge, as with the transformers engine. It
+ids only (`detokenize=False`, `DELTA` outputs): our tokenizer, incremental decoder and stop
+strings stay in charge, as with the transformers engine (vLLM loads the tokenizer too, for
+its structured outputs: it refuses them under `skip_tokenizer_init`). It
 brings paged attention, prefix caching (on) and, on GPUs, CUDA graphs.
 
 The model's `generation_config.json` defaults are applied by the batcher, as for the
 transformers engine, so vLLM is told to use its own neutral defaults (`generation_config=
-"vllm"`) and the end-of-sequence ids are passed with every request.
+"vllm"`) and the end-of-sequence ids are passed with every request. Penalties, `logit_bias`,
+`ignore_eos` and `stop_token_ids` are vLLM's own; log probabilities come from the raw
+distribution (`logprobs_mode="raw_logprobs"`), as with the transformers engine; a JSON
+schema is enforced by vLLM's structured outputs, on xgrammar with no free whitespace (the
+schema is checked with xgrammar when the job is taken, so a bad one is the client's 400).
 
 On CPU, vLLM's chunked prefill rewinds a seeded request's generator, which CPU generators
 cannot do ("CPU Generator does not use offset" kills the engine). There, chunked prefill is
@@ -25,12 +30,22 @@ import os
 from collections.abc import Sequence
 from typing import Any, Literal
 
+from tokenrelay.shared.errors import InvalidRequest
 from tokenrelay.shared.generation import ChatMessage
-from tokenrelay.worker.engine import IncrementalDecoder, ModelLoadError, SamplingParams, TokenOutput
+from tokenrelay.worker.engine import (
+    IncrementalDecoder,
+    Logprob,
+    ModelLoadError,
+    SamplingParams,
+    TokenOutput,
+)
 from tokenrelay.worker.model_files import ModelFiles, check_reachable
+from tokenrelay.worker.token_bytes import TokenBytes
 
 #: vLLM's CPU KV cache in GiB where `VLLM_CPU_KVCACHE_SPACE` is not set (vLLM needs one).
 DEFAULT_CPU_KV_CACHE_GIB = "4"
+#: The most `top_logprobs` a request may ask (OpenAI's bound).
+MAX_LOGPROBS = 20
 
 
 class VllmEngine:
@@ -60,7 +75,6 @@ class VllmEngine:
         self.max_context_tokens = min(context, cpu_max_model_len) if on_cpu else context
         args = EngineArgs(
             model=model_name,
-            skip_tokenizer_init=True,
             dtype=dtype,
             max_model_len=self.max_context_tokens,
             max_num_seqs=max_sequences,
@@ -70,13 +84,20 @@ class VllmEngine:
                 max(self.max_context_tokens, max_prefill_tokens) if on_cpu else max_prefill_tokens
             ),
             generation_config="vllm",
+            logprobs_mode="raw_logprobs",
+            max_logprobs=MAX_LOGPROBS,
+            structured_outputs_config={"backend": "xgrammar", "disable_any_whitespace": True},
             seed=0,
         )
         try:
             self._engine: Any = LLMEngine.from_engine_args(args)
         except (OSError, ValueError, RuntimeError) as exc:
             raise ModelLoadError(f"vLLM could not load model {model_name!r}: {exc}") from exc
-        self._stop_ids = frozenset(self._files.eos_ids)
+        self._eos_ids = frozenset(self._files.eos_ids)
+        #: Each running sequence's stop tokens and `top_logprobs` count.
+        self._sequences: dict[str, tuple[frozenset[int], int]] = {}
+        self.vocab_size = int(self._engine.model_config.get_vocab_size())
+        self._token_bytes = TokenBytes(self._files.tokenizer)
 
     def encode_chat(self, messages: Sequence[ChatMessage]) -> list[int]:
         return self._files.encode_chat(messages)
@@ -93,10 +114,32 @@ class VllmEngine:
     def tokenizer_json(self) -> str | None:
         return self._files.tokenizer_json()
 
+    def token_bytes(self, token_id: int) -> bytes:
+        return self._token_bytes(token_id)
+
+    def compile_grammar(self, json_schema: str) -> object:
+        """The schema itself, once xgrammar (vLLM's backend) has accepted it."""
+        import xgrammar
+
+        try:
+            xgrammar.Grammar.from_json_schema(json_schema, any_whitespace=False)
+        except (RuntimeError, ValueError) as exc:
+            raise InvalidRequest(
+                f"`response_format` schema cannot be enforced: {exc}", param="response_format"
+            ) from exc
+        return json_schema
+
     def add(self, seq_id: str, prompt_ids: list[int], params: SamplingParams) -> None:
         from vllm import SamplingParams as VllmSamplingParams
-        from vllm.sampling_params import RequestOutputKind
+        from vllm.sampling_params import RequestOutputKind, StructuredOutputsParams
 
+        stop_ids = set(params.stop_token_ids) | (set() if params.ignore_eos else self._eos_ids)
+        self._sequences[seq_id] = (frozenset(stop_ids), params.logprobs or 0)
+        structured = (
+            StructuredOutputsParams(json=params.grammar)
+            if isinstance(params.grammar, str)
+            else None
+        )
         sampling = VllmSamplingParams(
             max_tokens=params.max_tokens,
             min_tokens=params.min_tokens,
@@ -104,7 +147,14 @@ class VllmEngine:
             top_p=params.top_p,
             top_k=params.top_k,
             seed=params.seed,
-            stop_token_ids=sorted(self._stop_ids),
+            frequency_penalty=params.frequency_penalty,
+            presence_penalty=params.presence_penalty,
+            repetition_penalty=params.repetition_penalty,
+            logit_bias=dict(params.logit_bias) or None,
+            ignore_eos=params.ignore_eos,
+            stop_token_ids=sorted(stop_ids),
+            logprobs=params.logprobs,
+            structured_outputs=structured,
             detokenize=False,
             output_kind=RequestOutputKind.DELTA,
         )
@@ -112,20 +162,30 @@ class VllmEngine:
 
     def remove(self, seq_id: str) -> None:
         self._engine.abort_request([seq_id])
+        self._sequences.pop(seq_id, None)
 
     def step(self) -> list[TokenOutput]:
         outputs: list[TokenOutput] = []
         for result in self._engine.step():
+            seq_id = result.request_id
             completion = result.outputs[0]
             token_ids = [int(t) for t in completion.token_ids]
+            stop_ids, top_count = self._sequences.get(seq_id, (self._eos_ids, 0))
+            logprobs = [
+                _logprob(t, entry, top_count)
+                for t, entry in zip(token_ids, completion.logprobs or (), strict=False)
+            ]
             finish = _finish_reason(completion.finish_reason) if result.finished else None
-            if finish == "stop" and token_ids and token_ids[-1] in self._stop_ids:
-                token_ids.pop()  # end-of-sequence is no token of the reply
+            if finish == "stop" and token_ids and token_ids[-1] in stop_ids:
+                token_ids.pop()  # end-of-sequence (or a stop token) is no token of the reply
             for i, token_id in enumerate(token_ids):
                 last = i == len(token_ids) - 1
-                outputs.append(TokenOutput(result.request_id, token_id, finish if last else None))
+                logprob = logprobs[i] if i < len(logprobs) else None
+                outputs.append(TokenOutput(seq_id, token_id, finish if last else None, logprob))
             if finish is not None and not token_ids:
-                outputs.append(TokenOutput(result.request_id, None, finish))
+                outputs.append(TokenOutput(seq_id, None, finish))
+            if finish is not None:
+                self._sequences.pop(seq_id, None)
         return outputs
 
 
@@ -136,3 +196,15 @@ def _finish_reason(reason: str | None) -> Literal["stop", "length"] | None:
     if reason == "length":
         return "length"
     return None
+
+
+def _logprob(token_id: int, entry: dict[int, Any], top_count: int) -> Logprob:
+    """vLLM's per-token entry (token id -> `Logprob(logprob, rank)`: the sampled token and
+    the likeliest by rank) in the protocol's form, with the `top_count` likeliest."""
+    ranked = sorted(
+        ((tid, lp) for tid, lp in entry.items() if lp.rank is not None and lp.rank <= top_count),
+        key=lambda item: item[1].rank,
+    )
+    top = tuple((int(tid), float(lp.logprob)) for tid, lp in ranked)
+    chosen = entry.get(token_id)
+    return (float(chosen.logprob) if chosen is not None else float("-inf"), top)

@@ -28,6 +28,7 @@ from starlette.responses import StreamingResponse
 
 from tokenrelay.api.deps import CallerDep, StateDep
 from tokenrelay.api.error_docs import SUBMIT_ERRORS
+from tokenrelay.api.errors import retry_headers
 from tokenrelay.api.job_control import submit
 from tokenrelay.api.openai_schema import ChatCompletionRequest
 from tokenrelay.api.relay import GenerationRenderer, collect, relay
@@ -114,9 +115,9 @@ async def prompt_completion(
             return StreamingResponse(
                 relay(state, job_id, events, _PromptSSE()), media_type="text/event-stream"
             )
-        text, _ = await collect(state, job_id)
+        text = (await collect(state, job_id)).text
     except TokenrelayError as exc:
-        return _prompt_body(exc.message, exc.status_code, _retry_headers(exc))
+        return _prompt_body(exc.message, exc.status_code, retry_headers(exc))
     return _prompt_body(text, 200)
 
 
@@ -145,7 +146,7 @@ async def article_chat(
     if body.stream:
         events = await first_output(state, job_id, http.receive)
         return StreamingResponse(relay(state, job_id, events, _CumulativeText()))
-    text, _ = await collect(state, job_id)
+    text = (await collect(state, job_id)).text
     return ArticleChatResponse(text=text)
 
 
@@ -190,11 +191,6 @@ def _now() -> str:
 def _prompt_body(response: str, status: int, headers: dict[str, str] | None = None) -> JSONResponse:
     body = PromptResponse(response=response, status=status, time=_now())
     return JSONResponse(body.model_dump(), status_code=status, headers=headers)
-
-
-def _retry_headers(exc: TokenrelayError) -> dict[str, str] | None:
-    retry_after = getattr(exc, "retry_after_s", None)
-    return {"Retry-After": str(retry_after)} if retry_after is not None else None
 
 
 class _PromptSSE(GenerationRenderer):

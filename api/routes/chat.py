@@ -18,13 +18,14 @@ from tokenrelay.api.openai_schema import (
     ChatCompletionChunk,
     ChatCompletionRequest,
     Choice,
+    ChoiceLogprobs,
     ChunkChoice,
     Delta,
 )
 from tokenrelay.api.relay import OpenAIStreamRenderer, collect, relay
 from tokenrelay.api.state import AppState
 from tokenrelay.api.stream_start import first_output
-from tokenrelay.shared.events import Done, Usage
+from tokenrelay.shared.events import Done, TokenLogprob, Usage
 
 router = APIRouter(prefix="/v1", tags=["chat"], responses=SUBMIT_ERRORS)
 
@@ -41,17 +42,22 @@ async def create_chat_completion(
         events = await first_output(state, job_id, http.receive)
         render = _ChatSSE(job_id, body.model, include_usage)
         return sse.response(relay(state, job_id, events, render))
-    return await _complete(state, job_id, body.model)
+    return await _complete(state, job_id, body.model, bool(body.logprobs))
 
 
-async def _complete(state: AppState, job_id: str, model: str) -> ChatCompletion:
-    text, done = await collect(state, job_id)
+async def _complete(state: AppState, job_id: str, model: str, logprobs: bool) -> ChatCompletion:
+    result = await collect(state, job_id)
+    choice = Choice(
+        message=AssistantMessage(content=result.text),
+        finish_reason=result.done.finish_reason,
+        logprobs=ChoiceLogprobs(content=result.logprobs or []) if logprobs else None,
+    )
     return ChatCompletion(
         id=f"chatcmpl-{job_id}",
         created=int(time.time()),
         model=model,
-        choices=[Choice(message=AssistantMessage(content=text), finish_reason=done.finish_reason)],
-        usage=done.usage,
+        choices=[choice],
+        usage=result.done.usage,
     )
 
 
@@ -76,6 +82,14 @@ class _ChatSSE(OpenAIStreamRenderer):
     def text(self, text: str) -> bytes:
         """A chunk carrying `text`: the hot path, once per event of every stream."""
         return self._content.frame(text)
+
+    def text_with_logprobs(self, text: str, logprobs: list[TokenLogprob]) -> bytes:
+        choice = ChunkChoice(delta=Delta(content=text), logprobs=ChoiceLogprobs(content=logprobs))
+        return self._encode(
+            ChatCompletionChunk(
+                id=self._id, created=self._created, model=self._model, choices=[choice]
+            )
+        )
 
     def done(self, event: Done) -> bytes:
         out = self._delta(Delta(), finish_reason=event.finish_reason)

@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 from fastapi import APIRouter
-from fastapi.responses import JSONResponse
+from fastapi.responses import JSONResponse, Response
 from redis.exceptions import RedisError
 
 from tokenrelay.api.deps import StateDep
 from tokenrelay.api.error_docs import AUTH_ERRORS
 from tokenrelay.api.errors import error_response
+from tokenrelay.api.state import AppState
 from tokenrelay.shared import redis_connect
 from tokenrelay.shared.errors import RedisUnavailable
 
@@ -21,14 +22,30 @@ async def healthz() -> dict[str, str]:
     return {"status": "ok"}
 
 
+@router.get("/health", response_model=None, responses={503: AUTH_ERRORS[503]})
+async def health(state: StateDep) -> Response:
+    """As vLLM and TGI answer it: 200 with an empty body when ready (as `/readyz`), else
+    503 `redis_unavailable`."""
+    if (problem := await _not_ready(state)) is not None:
+        return error_response(problem)
+    return Response(status_code=200)
+
+
 @router.get("/readyz", response_model=None, responses={503: AUTH_ERRORS[503]})
 async def readyz(state: StateDep) -> dict[str, str] | JSONResponse:
     """Ready when the Redis this process talks to is a primary (`ROLE`: a replica answers PING
     but refuses writes); 503 `redis_unavailable` otherwise."""
+    if (problem := await _not_ready(state)) is not None:
+        return error_response(problem)
+    return {"status": "ready"}
+
+
+async def _not_ready(state: AppState) -> RedisUnavailable | None:
+    """Why this process is not ready, or None."""
     try:
         role = await state.redis.execute_command("ROLE")
     except (RedisError, OSError):
-        return error_response(RedisUnavailable("Redis is unreachable"))
+        return RedisUnavailable("Redis is unreachable")
     if not redis_connect.is_primary(role):
-        return error_response(RedisUnavailable("Redis is a replica, not the primary"))
-    return {"status": "ready"}
+        return RedisUnavailable("Redis is a replica, not the primary")
+    return None

@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 from typing import Annotated
 
-from fastapi import APIRouter, Header
+from fastapi import APIRouter, Header, Response
 from fastapi.responses import JSONResponse
 from starlette.responses import StreamingResponse
 
@@ -49,18 +49,28 @@ async def cancel_job(job_id: str, state: StateDep, caller: CallerDep) -> JobReco
     return await get_record(state, caller, job_id)
 
 
-@router.get("/{job_id}/events", response_model=None)
+@router.get(
+    "/{job_id}/events",
+    response_model=None,
+    responses={204: {"description": "Resumed at or past the job's final event: nothing more"}},
+)
 async def job_events(
     job_id: str,
     state: StateDep,
     caller: CallerDep,
     last_event_id: Annotated[str | None, Header()] = None,
-) -> StreamingResponse:
+) -> StreamingResponse | Response:
     """SSE of the job's events from the start (or after `Last-Event-ID`), through the last.
 
-    The job runs on when the client leaves: it was submitted to run without a listener."""
-    await get_record(state, caller, job_id)
+    A finished job asked to resume at or past its final event answers 204 at once, which
+    tells an EventSource to stop reconnecting. The job runs on when the client leaves: it
+    was submitted to run without a listener."""
+    record = await get_record(state, caller, job_id)
     after_seq = _parse_last_event_id(last_event_id)
+    if record.status.is_terminal:
+        last = await state.hub.last_event(job_id)
+        if last is None or last.event.seq <= after_seq:
+            return Response(status_code=204)
     events = state.hub.events(job_id, after_seq=after_seq, idle_s=state.settings.sse_ping_s)
     return sse.response(relay(state, job_id, events, _JobEventsSSE(), cancel_on_leave=False))
 

@@ -7,9 +7,10 @@ import time
 from fastapi import APIRouter
 
 from tokenrelay.api.deps import CallerDep, StateDep
-from tokenrelay.api.error_docs import AUTH_ERRORS
+from tokenrelay.api.error_docs import AUTH_ERRORS, MODEL_ERRORS
 from tokenrelay.api.model_routing import served_models
 from tokenrelay.api.openai_schema import ModelCard, ModelList
+from tokenrelay.shared.errors import ModelNotFound
 
 router = APIRouter(prefix="/v1", tags=["models"], responses=AUTH_ERRORS)
 
@@ -21,3 +22,15 @@ async def list_models(state: StateDep, _: CallerDep) -> ModelList:
     """Models with at least one live worker."""
     live, _known = await served_models(state)
     return ModelList(data=[ModelCard(id=model, created=_STARTED) for model in sorted(live)])
+
+
+@router.get("/models/{model_id:path}", responses=MODEL_ERRORS)
+async def retrieve_model(model_id: str, state: StateDep, _: CallerDep) -> ModelCard:
+    """One model with a live worker; 404 `model_not_found` for any other."""
+    live, _known = await served_models(state)
+    if model_id not in live:
+        raise ModelNotFound(
+            f"model {model_id!r} is not served here; GET /v1/models lists {sorted(live)}",
+            param="model",
+        )
+    return ModelCard(id=model_id, created=_STARTED)

@@ -1,0 +1,95 @@
+"""Structured outputs: a JSON schema enforced while decoding, one matcher per sequence.
+
+xgrammar (what vLLM uses by default) compiles the schema against the tokenizer's vocabulary
+once per distinct schema (its compiler caches), and each step a sequence's matcher fills a
+bitmask of the tokens that keep the output a valid prefix; masked tokens get -inf before
+sampling, so penalties, biases, temperature and top-k/top-p act on valid tokens only. Chosen
+over llguidance for its torch-native bitmask application (CPU and CUDA alike) and its
+`any_whitespace=False` mode: the grammar allows no whitespace between tokens, so a model
+cannot loop on spaces and newlines between fields (the failure of permissive JSON grammars
+that made vLLM turn free whitespace off). A schema whose fields are bounded (enums, booleans,
+bounded numbers, strings with `maxLength`) therefore always closes; once the document is
+complete, only end-of-sequence is allowed. xgrammar's string rule lets raw control
+characters through, which JSON forbids (they must be escaped), so tokens holding a byte
+below 0x20 are masked as well: with no free whitespace, a valid document never needs one.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import torch
+
+from tokenrelay.shared.errors import InvalidRequest
+
+
+class GrammarCompiler:
+    """Compiles JSON schemas for one tokenizer; `matcher` starts one sequence's state."""
+
+    def __init__(
+        self,
+        tokenizer: Any,
+        vocab_size: int,
+        stop_ids: list[int],
+        token_bytes: Callable[[int], bytes],
+    ) -> None:
+        import xgrammar
+
+        info = xgrammar.TokenizerInfo.from_huggingface(
+            tokenizer, vocab_size=vocab_size, stop_token_ids=stop_ids
+        )
+        self._compiler = xgrammar.GrammarCompiler(info)
+        self._vocab_size = vocab_size
+        self._control = torch.tensor(
+            [
+                i
+                for i in range(len(tokenizer))
+                if i < vocab_size and i not in stop_ids and min(token_bytes(i), default=32) < 32
+            ],
+            dtype=torch.long,
+        )
+
+    def compile(self, json_schema: str) -> Any:
+        """The compiled grammar; `InvalidRequest` (400) for a schema xgrammar refuses."""
+        try:
+            return self._compiler.compile_json_schema(
+                json_schema, any_whitespace=False, strict_mode=True
+            )
+        except (RuntimeError, ValueError, TypeError) as exc:
+            raise InvalidRequest(
+                f"`response_format` has a JSON schema that cannot be enforced: {exc}",
+                param="response_format",
+            ) from None
+
+    def matcher(self, compiled: Any) -> GrammarState:
+        return GrammarState(compiled, self._vocab_size, self._control)
+
+
+class GrammarState:
+    """One sequence's position in its grammar."""
+
+    def __init__(self, compiled: Any, vocab_size: int, control: torch.Tensor) -> None:
+        import xgrammar
+
+        self._xgrammar = xgrammar
+        self._matcher = xgrammar.GrammarMatcher(compiled)
+        self._bitmask = xgrammar.allocate_token_bitmask(1, vocab_size)
+        self._control = control
+
+    def mask(self, logits: torch.Tensor) -> torch.Tensor:
+        """`logits` (a row this sequence owns) with every token the grammar forbids at -inf."""
+        self._matcher.fill_next_token_bitmask(self._bitmask)
+        row = logits.unsqueeze(0)
+        self._xgrammar.apply_token_bitmask_inplace(row, self._bitmask.to(logits.device))
+        masked = row.squeeze(0)
+        masked[self._control.to(logits.device)] = float("-inf")
+        return masked
+
+    def accept(self, token: int) -> None:
+        if not self._matcher.accept_token(token):
+            raise RuntimeError(f"the grammar refused token {token} it allowed")
+
+    @property
+    def finished(self) -> bool:
+        return bool(self._matcher.is_terminated())
