@@ -26,7 +26,7 @@ from tokenrelay.shared.generation import ChatMessage
 from tokenrelay.worker.engine import IncrementalDecoder, ModelLoadError, SamplingParams, TokenOutput
 from tokenrelay.worker.grammar import GrammarCompiler, GrammarState
 from tokenrelay.worker.logits_processor import LogitsProcessor
-from tokenrelay.worker.model_files import DecodeStreamDecoder, check_reachable
+from tokenrelay.worker.model_files import ModelFiles, check_reachable
 from tokenrelay.worker.sampling import new_generator, raw_logprob, sample_token
 from tokenrelay.worker.token_bytes import TokenBytes
 
@@ -61,7 +61,7 @@ class TransformersEngine:
         dtype: str = "auto",
         max_prefill_tokens: int = 2048,
     ) -> None:
-        from transformers import AutoModelForCausalLM, AutoTokenizer
+        from transformers import AutoModelForCausalLM
 
         if device == "auto":
             device = "cuda" if torch.cuda.is_available() else "cpu"
@@ -69,8 +69,9 @@ class TransformersEngine:
         if dtype == "auto":
             dtype = "bfloat16" if device == "cuda" else "float32"
         check_reachable(model_name)
+        self._files = ModelFiles(model_name)
+        self.tokenizer = self._files.tokenizer
         try:
-            self.tokenizer = AutoTokenizer.from_pretrained(model_name)
             model_class: Any = AutoModelForCausalLM
             self.model: Any = model_class.from_pretrained(model_name, dtype=getattr(torch, dtype))
         except (OSError, ValueError) as exc:
@@ -81,21 +82,11 @@ class TransformersEngine:
         self._prefill_options = (
             {"logits_to_keep": 1} if self.model._supports_logits_to_keep() else {}
         )
-        self.max_context_tokens = int(getattr(self.model.config, "max_position_embeddings", 2048))
-        generation = self.model.generation_config
-        eos = generation.eos_token_id
-        eos_ids = sorted(
-            {int(i) for i in (eos if isinstance(eos, list) else [eos]) if i is not None}
-        )
+        self.max_context_tokens = self._files.max_context_tokens
+        eos_ids = self._files.eos_ids
         self._eos_ids = frozenset(eos_ids)
         self.vocab_size = int(self.model.get_output_embeddings().weight.shape[0])
         self._pad_id = int(self.tokenizer.pad_token_id or eos_ids[0])
-        sampling = bool(generation.do_sample)
-        self._defaults = (
-            float(generation.temperature or 1.0) if sampling else 0.0,
-            float(generation.top_p or 1.0),
-            int(generation.top_k or 0),
-        )
         self._rows: list[_Row] = []
         self._joiners: list[_Joiner] = []
         self._cache: Any = None
@@ -106,20 +97,16 @@ class TransformersEngine:
         self._grammar_compiler: GrammarCompiler | None = None
 
     def encode_chat(self, messages: Sequence[ChatMessage]) -> list[int]:
-        chat = [{"role": m.role, "content": m.content} for m in messages]
-        ids: Any = self.tokenizer.apply_chat_template(
-            chat, add_generation_prompt=True, tokenize=True, return_dict=False
-        )
-        return [int(i) for i in ids]
+        return self._files.encode_chat(messages)
 
     def encode_prompt(self, prompt: str) -> list[int]:
-        return [int(i) for i in self.tokenizer(prompt, add_special_tokens=False)["input_ids"]]
+        return self._files.encode_prompt(prompt)
 
     def sampling_defaults(self) -> tuple[float, float, int]:
-        return self._defaults
+        return self._files.defaults
 
     def new_decoder(self) -> IncrementalDecoder:
-        return DecodeStreamDecoder(self.tokenizer.backend_tokenizer)
+        return self._files.new_decoder()
 
     def token_bytes(self, token_id: int) -> bytes:
         return self._token_bytes(token_id)
@@ -128,7 +115,7 @@ class TransformersEngine:
         return self._grammars().compile(json_schema)
 
     def tokenizer_json(self) -> str | None:
-        return str(self.tokenizer.backend_tokenizer.to_str())
+        return self._files.tokenizer_json()
 
     def add(self, seq_id: str, prompt_ids: list[int], params: SamplingParams) -> None:
         self._joiners.append(_Joiner(seq_id, prompt_ids, params))

@@ -69,6 +69,19 @@ class CbFlags:
         ]
 
 
+def exact_length_body(chat: list[dict], new_tokens: int) -> dict:
+    """A streamed chat completion of exactly `new_tokens` tokens (`min_tokens`, which both
+    tokenrelay and vLLM take), with usage."""
+    return {
+        "model": SERVED_MODEL_NAME,
+        "messages": chat,
+        "max_tokens": new_tokens,
+        "min_tokens": new_tokens,
+        "stream": True,
+        "stream_options": {"include_usage": True},
+    }
+
+
 def _child_with_argument(argument: str) -> int | None:
     """The pid of a child of this process whose command line has `argument`."""
     for pid in child_pids().get(os.getpid(), []):
@@ -203,14 +216,7 @@ class TokenrelayStack:
         return f"{self._url}/v1/chat/completions"
 
     def request_body(self, chat: list[dict], new_tokens: int) -> dict:
-        return {
-            "model": SERVED_MODEL_NAME,
-            "messages": chat,
-            "max_tokens": new_tokens,
-            "min_tokens": new_tokens,
-            "stream": True,
-            "stream_options": {"include_usage": True},
-        }
+        return exact_length_body(chat, new_tokens)
 
     def job_times(self, request_id: str) -> tuple[float, float | None]:
         """`created_at` (admitted) and `started_at` (a worker took it) of the job behind a
@@ -284,15 +290,7 @@ class VllmServe:
         return f"{self._url}/v1/chat/completions"
 
     def request_body(self, chat: list[dict], new_tokens: int) -> dict:
-        return {
-            "model": SERVED_MODEL_NAME,
-            "messages": chat,
-            "max_tokens": new_tokens,
-            "min_tokens": new_tokens,
-            "stream": True,
-            "stream_options": {"include_usage": True},
-            **self._sampling,
-        }
+        return {**exact_length_body(chat, new_tokens), **self._sampling}
 
     def pids(self) -> dict[str, int]:
         return {"vllm serve": self._process.pid}
