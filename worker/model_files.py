@@ -101,3 +101,24 @@ def check_reachable(model_name: str) -> None:
             f"could not load model {model_name!r}: it is not a local directory, not in the "
             f"Hugging Face cache, and {host} cannot be reached ({exc})"
         ) from exc
+
+
+class ModelFilesMethods:
+    """The `Engine` methods both engines answer from their `ModelFiles` alone."""
+
+    _files: ModelFiles
+
+    def encode_chat(self, messages: Sequence[ChatMessage]) -> list[int]:
+        return self._files.encode_chat(messages)
+
+    def encode_prompt(self, prompt: str) -> list[int]:
+        return self._files.encode_prompt(prompt)
+
+    def sampling_defaults(self) -> tuple[float, float, int]:
+        return self._files.defaults
+
+    def new_decoder(self) -> IncrementalDecoder:
+        return self._files.new_decoder()
+
+    def tokenizer_json(self) -> str | None:
+        return self._files.tokenizer_json()

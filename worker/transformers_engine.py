@@ -16,17 +16,15 @@ more are trimmed, so the cache never holds more than the longest row.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import torch
 
-from tokenrelay.shared.generation import ChatMessage
-from tokenrelay.worker.engine import IncrementalDecoder, ModelLoadError, SamplingParams, TokenOutput
+from tokenrelay.worker.engine import ModelLoadError, SamplingParams, TokenOutput
 from tokenrelay.worker.grammar import GrammarCompiler, GrammarState
 from tokenrelay.worker.logits_processor import LogitsProcessor
-from tokenrelay.worker.model_files import ModelFiles, check_reachable
+from tokenrelay.worker.model_files import ModelFiles, ModelFilesMethods, check_reachable
 from tokenrelay.worker.sampling import new_generator, raw_logprob, sample_token
 from tokenrelay.worker.token_bytes import TokenBytes
 
@@ -53,7 +51,7 @@ class _Joiner:
     cache: Any = None
 
 
-class TransformersEngine:
+class TransformersEngine(ModelFilesMethods):
     def __init__(
         self,
         model_name: str,
@@ -96,26 +94,11 @@ class TransformersEngine:
         self._token_bytes = TokenBytes(self.tokenizer)
         self._grammar_compiler: GrammarCompiler | None = None
 
-    def encode_chat(self, messages: Sequence[ChatMessage]) -> list[int]:
-        return self._files.encode_chat(messages)
-
-    def encode_prompt(self, prompt: str) -> list[int]:
-        return self._files.encode_prompt(prompt)
-
-    def sampling_defaults(self) -> tuple[float, float, int]:
-        return self._files.defaults
-
-    def new_decoder(self) -> IncrementalDecoder:
-        return self._files.new_decoder()
-
     def token_bytes(self, token_id: int) -> bytes:
         return self._token_bytes(token_id)
 
     def compile_grammar(self, json_schema: str) -> object:
         return self._grammars().compile(json_schema)
-
-    def tokenizer_json(self) -> str | None:
-        return self._files.tokenizer_json()
 
     def add(self, seq_id: str, prompt_ids: list[int], params: SamplingParams) -> None:
         self._joiners.append(_Joiner(seq_id, prompt_ids, params))

@@ -27,19 +27,16 @@ chunked prefill is on, with `TOKENRELAY_WORKER_MAX_PREFILL_TOKENS` tokens per st
 from __future__ import annotations
 
 import os
-from collections.abc import Sequence
 from typing import Any, Literal
 
 from tokenrelay.shared.errors import InvalidRequest
-from tokenrelay.shared.generation import ChatMessage
 from tokenrelay.worker.engine import (
-    IncrementalDecoder,
     Logprob,
     ModelLoadError,
     SamplingParams,
     TokenOutput,
 )
-from tokenrelay.worker.model_files import ModelFiles, check_reachable
+from tokenrelay.worker.model_files import ModelFiles, ModelFilesMethods, check_reachable
 from tokenrelay.worker.token_bytes import TokenBytes
 
 #: vLLM's CPU KV cache in GiB where `VLLM_CPU_KVCACHE_SPACE` is not set (vLLM needs one).
@@ -48,7 +45,7 @@ DEFAULT_CPU_KV_CACHE_GIB = "4"
 MAX_LOGPROBS = 20
 
 
-class VllmEngine:
+class VllmEngine(ModelFilesMethods):
     def __init__(
         self,
         model_name: str,
@@ -98,21 +95,6 @@ class VllmEngine:
         self._sequences: dict[str, tuple[frozenset[int], int]] = {}
         self.vocab_size = int(self._engine.model_config.get_vocab_size())
         self._token_bytes = TokenBytes(self._files.tokenizer)
-
-    def encode_chat(self, messages: Sequence[ChatMessage]) -> list[int]:
-        return self._files.encode_chat(messages)
-
-    def encode_prompt(self, prompt: str) -> list[int]:
-        return self._files.encode_prompt(prompt)
-
-    def sampling_defaults(self) -> tuple[float, float, int]:
-        return self._files.defaults
-
-    def new_decoder(self) -> IncrementalDecoder:
-        return self._files.new_decoder()
-
-    def tokenizer_json(self) -> str | None:
-        return self._files.tokenizer_json()
 
     def token_bytes(self, token_id: int) -> bytes:
         return self._token_bytes(token_id)
