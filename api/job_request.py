@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Any, Literal
 
 from pydantic import Field
 
+from tokenrelay.api.field_support import refused
 from tokenrelay.api.openai_schema import ChatCompletionRequest
 from tokenrelay.api.webhook_policy import MAX_URL_LENGTH, WebhookTarget, check_submission
 from tokenrelay.shared.errors import InvalidRequest
@@ -13,7 +14,15 @@ from tokenrelay.shared.settings import Settings
 
 
 class JobRequest(ChatCompletionRequest):
-    """A chat completion to run in the background; poll it, stream it, or have it call back."""
+    """A chat completion to run in the background; poll it, stream it, or have it call back.
+
+    A job's result is text: tool calls are parsed by `POST /v1/chat/completions` only."""
+
+    tools: Any = refused("a job's result is text; call tools through /v1/chat/completions")
+    tool_choice: Any = refused("a job's result is text; call tools through /v1/chat/completions")
+    parallel_tool_calls: Any = refused(
+        "a job's result is text; call tools through /v1/chat/completions"
+    )
 
     webhook: str | None = Field(
         default=None,

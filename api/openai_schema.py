@@ -15,6 +15,17 @@ from pydantic import (
 )
 
 from tokenrelay.api.field_support import check_refused, no_effect, refused
+from tokenrelay.api.tool_schema import (
+    MAX_TOOLS,
+    InputToolCall,
+    OutputToolCall,
+    Tool,
+    ToolCallDelta,
+    ToolChoice,
+    ToolSelection,
+    history_calls,
+    select_tools,
+)
 from tokenrelay.shared.errors import InvalidRequest
 from tokenrelay.shared.events import TokenLogprob, Usage
 from tokenrelay.shared.generation import ChatMessage, GenerationRequest
@@ -27,7 +38,7 @@ MAX_STOP_TOKEN_IDS = 64
 MAX_TOP_LOGPROBS = 20
 #: A list `prompt` runs one job per string, each admitted like a request of its own.
 MAX_PROMPTS = 16
-_TOOLS = "function calling is not implemented"
+_FUNCTIONS = "OpenAI's deprecated function calling; send `tools` and `tool_choice`"
 
 
 class _Strict(BaseModel):
@@ -42,12 +53,16 @@ class TextPart(_Strict):
 
 
 class InputMessage(_Strict):
-    role: Literal["system", "developer", "user", "assistant"]
+    role: Literal["system", "developer", "user", "assistant", "tool"]
     content: str | list[TextPart] | None = None
     name: str | None = refused("the chat template has no place for a participant's name")
-    tool_calls: Any = refused(_TOOLS)
-    tool_call_id: Any = refused(_TOOLS)
-    function_call: Any = refused(_TOOLS)
+    tool_calls: list[InputToolCall] | None = Field(
+        default=None, description="An assistant turn's calls, rendered by the chat template."
+    )
+    tool_call_id: str | None = Field(
+        default=None, min_length=1, description="A `tool` turn: the call it answers."
+    )
+    function_call: Any = refused(_FUNCTIONS)
     refusal: Any = refused("an assistant turn's refusal text; send it as `content`")
     audio: Any = refused("the served models take and generate text only")
 
@@ -258,11 +273,25 @@ class ChatCompletionRequest(SamplingFields):
     top_logprobs: int | None = Field(
         default=None, ge=0, le=MAX_TOP_LOGPROBS, description="Needs `logprobs: true`."
     )
-    tools: Any = refused(_TOOLS)
-    tool_choice: Any = refused(_TOOLS)
-    parallel_tool_calls: Any = refused(_TOOLS)
-    functions: Any = refused(_TOOLS)
-    function_call: Any = refused(_TOOLS)
+    tools: list[Tool] | None = Field(
+        default=None,
+        min_length=1,
+        max_length=MAX_TOOLS,
+        description="Functions the model may call: rendered by the chat template (Qwen2's "
+        "format), calls parsed from the reply into `tool_calls`.",
+    )
+    tool_choice: ToolChoice | None = Field(
+        default=None,
+        description="`none`, `auto` (the default with tools), `required` or a named "
+        "function; `required` and a named function constrain decoding to one call whose "
+        "arguments are valid JSON for the function's `parameters`.",
+    )
+    parallel_tool_calls: bool | None = Field(
+        default=None,
+        description="`false`: only the reply's first call is kept (a forced call is one).",
+    )
+    functions: Any = refused(_FUNCTIONS)
+    function_call: Any = refused(_FUNCTIONS)
     audio: Any = refused("the served models generate text only")
     prediction: Any = refused("predicted outputs are not implemented")
     reasoning_effort: Any = refused("the served models do not reason")
@@ -280,26 +309,38 @@ class ChatCompletionRequest(SamplingFields):
             raise InvalidRequest(
                 "`store: true` is not supported: tokenrelay stores no completions", param="store"
             )
-        messages = tuple(
-            ChatMessage(role="system" if m.role == "developer" else m.role, content=_content(m, i))
-            for i, m in enumerate(self.messages)
-        )
+        messages = tuple(_chat_message(m, i) for i, m in enumerate(self.messages))
         if self.top_logprobs is not None and not self.logprobs:
             raise InvalidRequest("`top_logprobs` needs `logprobs: true`", param="top_logprobs")
         logprobs = (self.top_logprobs or 0) if self.logprobs else None
         max_tokens = self.max_completion_tokens or self.max_tokens
         generation = self._generation(settings, max_tokens, messages=messages, logprobs=logprobs)
+        tools = self.tool_selection()
         json_schema = self._json_schema()
+        if tools.call_schema is not None and json_schema is not None:
+            raise InvalidRequest(
+                "a JSON `response_format` cannot be combined with a forced `tool_choice`: the "
+                "reply is the tool call",
+                param="response_format",
+            )
+        update: dict[str, Any] = {"tools": tools.tools}
+        if tools.call_schema is not None:
+            json_schema = tools.call_schema
+            update["tool_call"] = True
         if json_schema is None:
-            return generation
+            return generation.model_copy(update=update)
         for name in ("ignore_eos", "min_tokens"):
             if getattr(self, name):
+                what = "a forced `tool_choice`" if tools.call_schema else "a JSON `response_format`"
                 raise InvalidRequest(
-                    f"`{name}` cannot be combined with a JSON `response_format`: the document "
-                    "ends where its grammar does",
+                    f"`{name}` cannot be combined with {what}: the reply ends where its "
+                    "grammar does",
                     param=name,
                 )
-        return generation.model_copy(update={"json_schema": json_schema})
+        return generation.model_copy(update=update | {"json_schema": json_schema})
+
+    def tool_selection(self) -> ToolSelection:
+        return select_tools(self.tools, self.tool_choice, self.parallel_tool_calls)
 
     def _json_schema(self) -> str | None:
         """The JSON schema `response_format` asks for, as JSON text; None for plain text."""
@@ -351,11 +392,31 @@ class CompletionRequest(SamplingFields):
         ]
 
 
+def _chat_message(message: InputMessage, index: int) -> ChatMessage:
+    prefix = f"messages.{index}."
+    if message.tool_calls is not None and message.role != "assistant":
+        raise InvalidRequest(
+            f"`{prefix}tool_calls` belongs to an assistant turn, not a {message.role} one",
+            param=f"{prefix}tool_calls",
+        )
+    if (message.tool_call_id is None) != (message.role != "tool"):
+        raise InvalidRequest(
+            f"`{prefix}tool_call_id` is required in a tool turn and only there",
+            param=f"{prefix}tool_call_id",
+        )
+    return ChatMessage(
+        role="system" if message.role == "developer" else message.role,
+        content=_content(message, index),
+        tool_calls=history_calls(message.tool_calls),
+        tool_call_id=message.tool_call_id,
+    )
+
+
 def _content(message: InputMessage, index: int) -> str:
-    """The message's text; only an assistant turn of the history may be empty."""
+    """The message's text; only an assistant or tool turn of the history may be empty."""
     text = message.text()
     field = f"messages.{index}.content"
-    if not text and message.role != "assistant":
+    if not text and message.role not in ("assistant", "tool"):
         raise InvalidRequest(
             f"`{field}` must not be empty in a {message.role} message", param=field
         )
@@ -375,8 +436,19 @@ def _check_unicode(text: str, field: str) -> None:
 
 
 class AssistantMessage(BaseModel):
+    """The reply: `content` is None when it is only tool calls; `tool_calls` is left out
+    when there are none."""
+
     role: Literal["assistant"] = "assistant"
-    content: str
+    content: str | None
+    tool_calls: list[OutputToolCall] | None = None
+
+    @model_serializer(mode="wrap")
+    def _drop_no_calls(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
+        out: dict[str, Any] = handler(self)
+        if out.get("tool_calls") is None:
+            out.pop("tool_calls", None)
+        return out
 
 
 class ChoiceLogprobs(BaseModel):
@@ -408,6 +480,7 @@ class Delta(BaseModel):
 
     role: Literal["assistant"] | None = None
     content: str | None = None
+    tool_calls: list[ToolCallDelta] | None = None
 
     @model_serializer(mode="wrap")
     def _drop_unset(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:

@@ -2,16 +2,50 @@
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
 
-class ChatMessage(BaseModel):
+class ToolCall(BaseModel):
+    """A function call of an assistant turn; `arguments` is the JSON text the model wrote."""
+
     model_config = ConfigDict(frozen=True)
 
-    role: Literal["system", "user", "assistant"]
+    id: str
+    name: str
+    arguments: str
+
+
+class ChatMessage(BaseModel):
+    """One turn: an assistant turn may carry `tool_calls`, a `tool` turn answers the call
+    `tool_call_id` names."""
+
+    model_config = ConfigDict(frozen=True)
+
+    role: Literal["system", "user", "assistant", "tool"]
     content: str
+    tool_calls: tuple[ToolCall, ...] = ()
+    tool_call_id: str | None = None
+
+
+class FunctionTool(BaseModel):
+    """A function the model may call, as the chat template renders it."""
+
+    model_config = ConfigDict(frozen=True)
+
+    name: str
+    description: str | None = None
+    #: The JSON schema of the function's arguments.
+    parameters: dict[str, Any] = Field(default_factory=dict)
+
+    def template_form(self) -> dict[str, Any]:
+        """OpenAI's tool shape, which chat templates (Qwen2's among them) render."""
+        function: dict[str, Any] = {"name": self.name}
+        if self.description is not None:
+            function["description"] = self.description
+        function["parameters"] = self.parameters
+        return {"type": "function", "function": function}
 
 
 class GenerationRequest(BaseModel):
@@ -50,3 +84,8 @@ class GenerationRequest(BaseModel):
     logprobs: int | None = None
     #: A JSON schema (as JSON text) the output must match, enforced while decoding.
     json_schema: str | None = None
+    #: With `json_schema`: the output is one tool call, `<tool_call>` + the JSON document +
+    #: `</tool_call>` (a forced `tool_choice`), instead of the bare document.
+    tool_call: bool = False
+    #: The functions the chat template offers the model.
+    tools: tuple[FunctionTool, ...] = ()

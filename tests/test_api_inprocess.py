@@ -138,6 +138,19 @@ def test_every_openai_request_field_is_declared_implemented_or_refused(
     assert marks["user"] == NO_EFFECT
 
 
+def test_the_schema_shows_tools_implemented_for_chat_and_refused_for_jobs(
+    redis_url: str,
+) -> None:
+    schema = create_app(Settings(redis_url=redis_url)).openapi()["components"]["schemas"]
+    for name in ("tools", "tool_choice", "parallel_tool_calls"):
+        assert SUPPORT_KEY not in schema["ChatCompletionRequest"]["properties"][name]
+        assert schema["JobRequest"]["properties"][name][SUPPORT_KEY] == REFUSED
+    assert schema["ChatCompletionRequest"]["properties"]["functions"][SUPPORT_KEY] == REFUSED
+    message = schema["InputMessage"]["properties"]
+    assert "tool" in message["role"]["enum"]
+    assert {"tool_calls", "tool_call_id"} <= set(message)
+
+
 def test_readyz_is_503_when_redis_is_unreachable() -> None:
     settings = Settings(redis_url="redis://127.0.0.1:1/0")
     with TestClient(create_app(settings)) as client:

@@ -16,7 +16,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Literal, Protocol
 
-from tokenrelay.shared.generation import ChatMessage
+from tokenrelay.shared.generation import ChatMessage, FunctionTool
 
 
 @dataclass(frozen=True)
@@ -71,7 +71,11 @@ class Engine(Protocol):
     vocab_size: int
     device: str
 
-    def encode_chat(self, messages: Sequence[ChatMessage]) -> list[int]: ...
+    def encode_chat(
+        self, messages: Sequence[ChatMessage], tools: Sequence[FunctionTool] = ()
+    ) -> list[int]:
+        """The chat's prompt ids through the model's chat template, which renders `tools`."""
+        ...
 
     def encode_prompt(self, prompt: str) -> list[int]: ...
 
@@ -85,9 +89,10 @@ class Engine(Protocol):
         """The token's UTF-8 bytes (part of a character, for some), for log probabilities."""
         ...
 
-    def compile_grammar(self, json_schema: str) -> object:
+    def compile_grammar(self, json_schema: str, tool_call: bool = False) -> object:
         """A grammar for `SamplingParams.grammar` that only lets documents valid for
-        `json_schema` be generated; raises `InvalidRequest` where it cannot."""
+        `json_schema` be generated (with `tool_call`, wrapped in `<tool_call>` ...
+        `</tool_call>`); raises `InvalidRequest` where it cannot."""
         ...
 
     def tokenizer_json(self) -> str | None:

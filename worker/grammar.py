@@ -12,10 +12,15 @@ bounded numbers, strings with `maxLength`) therefore always closes; once the doc
 complete, only end-of-sequence is allowed. xgrammar's string rule lets raw control
 characters through, which JSON forbids (they must be escaped), so tokens holding a byte
 below 0x20 are masked as well: with no free whitespace, a valid document never needs one.
+
+A forced tool call (`tool_choice` `required` or a named function) is the same JSON grammar
+between the literals `<tool_call>` and `</tool_call>` (Qwen2's tool-call format, without
+its newlines, which the control-character mask would forbid).
 """
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable
 from typing import Any
 
@@ -50,20 +55,39 @@ class GrammarCompiler:
             dtype=torch.long,
         )
 
-    def compile(self, json_schema: str) -> Any:
+    def compile(self, json_schema: str, tool_call: bool = False) -> Any:
         """The compiled grammar; `InvalidRequest` (400) for a schema xgrammar refuses."""
-        try:
-            return self._compiler.compile_json_schema(
-                json_schema, any_whitespace=False, strict_mode=True
-            )
-        except (RuntimeError, ValueError, TypeError) as exc:
-            raise InvalidRequest(
-                f"`response_format` has a JSON schema that cannot be enforced: {exc}",
-                param="response_format",
-            ) from None
+        return self._compiler.compile_grammar(grammar_of(json_schema, tool_call))
 
     def matcher(self, compiled: Any) -> GrammarState:
         return GrammarState(compiled, self._vocab_size, self._control)
+
+
+TOOL_CALL_OPEN = "<tool_call>"
+TOOL_CALL_CLOSE = "</tool_call>"
+
+
+def grammar_of(json_schema: str, tool_call: bool = False) -> Any:
+    """The xgrammar `Grammar` of documents valid for `json_schema` (with `tool_call`, one
+    tool call holding such a document); `InvalidRequest` (400) where xgrammar refuses it."""
+    import xgrammar
+
+    try:
+        document = xgrammar.Grammar.from_json_schema(
+            json_schema, any_whitespace=False, strict_mode=True
+        )
+    except (RuntimeError, ValueError, TypeError) as exc:
+        field = "tools" if tool_call else "response_format"
+        raise InvalidRequest(
+            f"`{field}` has a JSON schema that cannot be enforced: {exc}", param=field
+        ) from None
+    if not tool_call:
+        return document
+    return xgrammar.Grammar.concat(
+        xgrammar.Grammar.from_ebnf(f"root ::= {json.dumps(TOOL_CALL_OPEN)}"),
+        document,
+        xgrammar.Grammar.from_ebnf(f"root ::= {json.dumps(TOOL_CALL_CLOSE)}"),
+    )
 
 
 class GrammarState:

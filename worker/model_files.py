@@ -5,13 +5,14 @@ with `skip_tokenizer_init`), so that our tokenizer, decoder and stop strings sta
 
 from __future__ import annotations
 
+import json
 import socket
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlparse
 
-from tokenrelay.shared.generation import ChatMessage
+from tokenrelay.shared.generation import ChatMessage, FunctionTool
 from tokenrelay.worker.engine import IncrementalDecoder, ModelLoadError
 
 _HUB_PROBE_TIMEOUT_S = 5.0
@@ -54,10 +55,15 @@ class ModelFiles:
             int(generation.top_k or 0),
         )
 
-    def encode_chat(self, messages: Sequence[ChatMessage]) -> list[int]:
-        chat = [{"role": m.role, "content": m.content} for m in messages]
+    def encode_chat(
+        self, messages: Sequence[ChatMessage], tools: Sequence[FunctionTool] = ()
+    ) -> list[int]:
         ids: Any = self.tokenizer.apply_chat_template(
-            chat, add_generation_prompt=True, tokenize=True, return_dict=False
+            [_template_message(m) for m in messages],
+            tools=[tool.template_form() for tool in tools] or None,
+            add_generation_prompt=True,
+            tokenize=True,
+            return_dict=False,
         )
         return [int(i) for i in ids]
 
@@ -69,6 +75,31 @@ class ModelFiles:
 
     def tokenizer_json(self) -> str:
         return str(self.tokenizer.backend_tokenizer.to_str())
+
+
+def _template_message(message: ChatMessage) -> dict[str, Any]:
+    """A turn as chat templates take it: Hugging Face's convention has a tool call's
+    `arguments` as an object (Qwen2's template writes it with `tojson`)."""
+    turn: dict[str, Any] = {"role": message.role, "content": message.content}
+    if message.tool_calls:
+        turn["tool_calls"] = [
+            {
+                "id": call.id,
+                "type": "function",
+                "function": {"name": call.name, "arguments": _arguments(call.arguments)},
+            }
+            for call in message.tool_calls
+        ]
+    if message.tool_call_id is not None:
+        turn["tool_call_id"] = message.tool_call_id
+    return turn
+
+
+def _arguments(text: str) -> Any:
+    try:
+        return json.loads(text)
+    except ValueError:
+        return text
 
 
 def check_reachable(model_name: str) -> None:
@@ -108,8 +139,10 @@ class ModelFilesMethods:
 
     _files: ModelFiles
 
-    def encode_chat(self, messages: Sequence[ChatMessage]) -> list[int]:
-        return self._files.encode_chat(messages)
+    def encode_chat(
+        self, messages: Sequence[ChatMessage], tools: Sequence[FunctionTool] = ()
+    ) -> list[int]:
+        return self._files.encode_chat(messages, tools)
 
     def encode_prompt(self, prompt: str) -> list[int]:
         return self._files.encode_prompt(prompt)

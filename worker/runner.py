@@ -69,10 +69,12 @@ class JobRunner:
         elif self._settings.truncate_messages:
             budget = self._limits().tokens_per_job - parsed.max_tokens
             _, prompt_ids = truncate_oldest(
-                parsed.messages, self._engine.encode_chat, lambda count: count <= budget
+                parsed.messages,
+                lambda kept: self._engine.encode_chat(kept, parsed.tools),
+                lambda count: count <= budget,
             )
         else:
-            prompt_ids = self._engine.encode_chat(parsed.messages)
+            prompt_ids = self._engine.encode_chat(parsed.messages, parsed.tools)
         started = Started(worker=self._worker_name, prompt_tokens=len(prompt_ids))
         self._active.add(job_id)
         try:
@@ -178,7 +180,7 @@ class JobRunner:
             logprobs=request.logprobs,
             grammar=None
             if request.json_schema is None
-            else self._engine.compile_grammar(request.json_schema),
+            else self._engine.compile_grammar(request.json_schema, request.tool_call),
         )
 
     def _conclude(self, job: BatchJob, prompt_tokens: int) -> str:

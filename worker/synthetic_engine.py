@@ -14,7 +14,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from tokenrelay.shared.errors import InvalidRequest
-from tokenrelay.shared.generation import ChatMessage
+from tokenrelay.shared.generation import ChatMessage, FunctionTool
 from tokenrelay.worker.engine import IncrementalDecoder, SamplingParams, TokenOutput
 
 _MAX_SLEEP_S = 0.002
@@ -43,7 +43,9 @@ class SyntheticEngine:
         self._first_token_s = first_token_ms / 1000
         self._rows: dict[str, _Row] = {}
 
-    def encode_chat(self, messages: Sequence[ChatMessage]) -> list[int]:
+    def encode_chat(
+        self, messages: Sequence[ChatMessage], tools: Sequence[FunctionTool] = ()
+    ) -> list[int]:
         return [len(word) for m in messages for word in m.content.split()] or [0]
 
     def encode_prompt(self, prompt: str) -> list[int]:
@@ -58,10 +60,11 @@ class SyntheticEngine:
     def token_bytes(self, token_id: int) -> bytes:
         return _VOCAB[token_id % len(_VOCAB)].encode()
 
-    def compile_grammar(self, json_schema: str) -> object:
+    def compile_grammar(self, json_schema: str, tool_call: bool = False) -> object:
+        field = "tool_choice" if tool_call else "response_format"
         raise InvalidRequest(
-            "`response_format` cannot be enforced by the synthetic engine (it has no vocabulary)",
-            param="response_format",
+            f"`{field}` cannot be enforced by the synthetic engine (it has no vocabulary)",
+            param=field,
         )
 
     def tokenizer_json(self) -> str | None:

@@ -40,15 +40,51 @@ QWEN2_VOCAB_SIZE = 151936
 #: Context length of the "tiny" shape.
 TINY_MAX_POSITIONS = 2048
 
-#: Qwen2-Instruct's ChatML template, with its default system prompt.
-CHAT_TEMPLATE = (
-    "{% for message in messages %}"
-    "{% if loop.first and messages[0]['role'] != 'system' %}"
-    "{{ '<|im_start|>system\\nYou are a helpful assistant.<|im_end|>\\n' }}"
-    "{% endif %}"
-    "{{ '<|im_start|>' + message['role'] + '\\n' + message['content'] + '<|im_end|>' + '\\n' }}"
-    "{% endfor %}"
-    "{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}"
+#: Qwen2-Instruct's ChatML template, with its default system prompt, and its tool calling as
+#: Qwen2.5-Instruct's template writes it: the tools as JSON lines in the system turn, the
+#: model's calls as `<tool_call>{"name": ..., "arguments": ...}</tool_call>`, tool results
+#: as `<tool_response>` blocks of a user turn.
+CHAT_TEMPLATE = "".join(
+    (
+        "{%- if tools %}",
+        "{{- '<|im_start|>system\\n' }}",
+        "{%- if messages[0]['role'] == 'system' %}{{- messages[0]['content'] }}",
+        "{%- else %}{{- 'You are a helpful assistant.' }}{%- endif %}",
+        "{{- '\\n\\n# Tools\\n\\nYou may call one or more functions to assist with the user "
+        "query.\\n\\nYou are provided with function signatures within <tools></tools> XML "
+        "tags:\\n<tools>' }}",
+        "{%- for tool in tools %}{{- '\\n' }}{{- tool | tojson }}{%- endfor %}",
+        "{{- '\\n</tools>\\n\\nFor each function call, return a json object with function "
+        "name and arguments within <tool_call></tool_call> XML tags:\\n<tool_call>\\n"
+        '{\\"name\\": <function-name>, \\"arguments\\": <args-json-object>}\\n'
+        "</tool_call><|im_end|>\\n' }}",
+        "{%- elif messages[0]['role'] != 'system' %}",
+        "{{- '<|im_start|>system\\nYou are a helpful assistant.<|im_end|>\\n' }}",
+        "{%- endif %}",
+        "{%- for message in messages %}",
+        "{%- if message['role'] == 'system' and loop.first and tools %}",
+        "{%- elif message['role'] == 'assistant' and message.tool_calls %}",
+        "{{- '<|im_start|>assistant' }}",
+        "{%- if message['content'] %}{{- '\\n' + message['content'] }}{%- endif %}",
+        "{%- for tool_call in message.tool_calls %}",
+        "{%- if tool_call.function is defined %}{%- set tool_call = tool_call.function %}"
+        "{%- endif %}",
+        '{{- \'\\n<tool_call>\\n{"name": "\' + tool_call.name + \'", "arguments": \' }}',
+        "{{- tool_call.arguments | tojson }}{{- '}\\n</tool_call>' }}",
+        "{%- endfor %}",
+        "{{- '<|im_end|>\\n' }}",
+        "{%- elif message['role'] == 'tool' %}",
+        "{%- if loop.first or messages[loop.index0 - 1]['role'] != 'tool' %}"
+        "{{- '<|im_start|>user' }}{%- endif %}",
+        "{{- '\\n<tool_response>\\n' + message['content'] + '\\n</tool_response>' }}",
+        "{%- if loop.last or messages[loop.index0 + 1]['role'] != 'tool' %}"
+        "{{- '<|im_end|>\\n' }}{%- endif %}",
+        "{%- else %}",
+        "{{- '<|im_start|>' + message['role'] + '\\n' + message['content'] + '<|im_end|>\\n' }}",
+        "{%- endif %}",
+        "{%- endfor %}",
+        "{%- if add_generation_prompt %}{{- '<|im_start|>assistant\\n' }}{%- endif %}",
+    )
 )
 
 #: Training text: English, Chinese (with its full-width punctuation), emoji, digits, code,

@@ -97,8 +97,8 @@ class TransformersEngine(ModelFilesMethods):
     def token_bytes(self, token_id: int) -> bytes:
         return self._token_bytes(token_id)
 
-    def compile_grammar(self, json_schema: str) -> object:
-        return self._grammars().compile(json_schema)
+    def compile_grammar(self, json_schema: str, tool_call: bool = False) -> object:
+        return self._grammars().compile(json_schema, tool_call)
 
     def add(self, seq_id: str, prompt_ids: list[int], params: SamplingParams) -> None:
         self._joiners.append(_Joiner(seq_id, prompt_ids, params))

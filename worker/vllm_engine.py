@@ -27,15 +27,16 @@ chunked prefill is on, with `TOKENRELAY_WORKER_MAX_PREFILL_TOKENS` tokens per st
 from __future__ import annotations
 
 import os
+from dataclasses import dataclass
 from typing import Any, Literal
 
-from tokenrelay.shared.errors import InvalidRequest
 from tokenrelay.worker.engine import (
     Logprob,
     ModelLoadError,
     SamplingParams,
     TokenOutput,
 )
+from tokenrelay.worker.grammar import grammar_of
 from tokenrelay.worker.model_files import ModelFiles, ModelFilesMethods, check_reachable
 from tokenrelay.worker.token_bytes import TokenBytes
 
@@ -43,6 +44,14 @@ from tokenrelay.worker.token_bytes import TokenBytes
 DEFAULT_CPU_KV_CACHE_GIB = "4"
 #: The most `top_logprobs` a request may ask (OpenAI's bound).
 MAX_LOGPROBS = 20
+
+
+@dataclass(frozen=True)
+class _Structured:
+    """What `StructuredOutputsParams` is given: a JSON schema or an EBNF grammar."""
+
+    json: str | None = None
+    grammar: str | None = None
 
 
 class VllmEngine(ModelFilesMethods):
@@ -99,17 +108,11 @@ class VllmEngine(ModelFilesMethods):
     def token_bytes(self, token_id: int) -> bytes:
         return self._token_bytes(token_id)
 
-    def compile_grammar(self, json_schema: str) -> object:
-        """The schema itself, once xgrammar (vLLM's backend) has accepted it."""
-        import xgrammar
-
-        try:
-            xgrammar.Grammar.from_json_schema(json_schema, any_whitespace=False)
-        except (RuntimeError, ValueError) as exc:
-            raise InvalidRequest(
-                f"`response_format` schema cannot be enforced: {exc}", param="response_format"
-            ) from exc
-        return json_schema
+    def compile_grammar(self, json_schema: str, tool_call: bool = False) -> object:
+        """vLLM's structured-output request: the schema itself, or for a tool call the EBNF
+        of the wrapped grammar, once xgrammar (vLLM's backend) has accepted it."""
+        grammar = grammar_of(json_schema, tool_call)
+        return _Structured(grammar=str(grammar)) if tool_call else _Structured(json=json_schema)
 
     def add(self, seq_id: str, prompt_ids: list[int], params: SamplingParams) -> None:
         from vllm import SamplingParams as VllmSamplingParams
@@ -118,8 +121,8 @@ class VllmEngine(ModelFilesMethods):
         stop_ids = set(params.stop_token_ids) | (set() if params.ignore_eos else self._eos_ids)
         self._sequences[seq_id] = (frozenset(stop_ids), params.logprobs or 0)
         structured = (
-            StructuredOutputsParams(json=params.grammar)
-            if isinstance(params.grammar, str)
+            StructuredOutputsParams(json=params.grammar.json, grammar=params.grammar.grammar)
+            if isinstance(params.grammar, _Structured)
             else None
         )
         sampling = VllmSamplingParams(

@@ -1,4 +1,5 @@
-"""`POST /v1/chat/completions`: OpenAI-compatible, streaming (SSE) or not."""
+"""`POST /v1/chat/completions`: OpenAI-compatible, streaming (SSE) or not; with `tools`, the
+reply's calls are parsed into `tool_calls` (`api.tool_calls`), whole or as deltas."""
 
 from __future__ import annotations
 
@@ -25,6 +26,15 @@ from tokenrelay.api.openai_schema import (
 from tokenrelay.api.relay import OpenAIStreamRenderer, collect, relay
 from tokenrelay.api.state import AppState
 from tokenrelay.api.stream_start import first_output
+from tokenrelay.api.tool_calls import (
+    Arguments,
+    CallStart,
+    Content,
+    Piece,
+    ToolCallParser,
+    parse_reply,
+)
+from tokenrelay.api.tool_schema import FunctionDelta, OutputToolCall, ToolCallDelta
 from tokenrelay.shared.events import Done, TokenLogprob, Usage
 
 router = APIRouter(prefix="/v1", tags=["chat"], responses=SUBMIT_ERRORS)
@@ -36,20 +46,32 @@ async def create_chat_completion(
 ) -> ChatCompletion | StreamingResponse:
     await check_model(state, body.model)
     request = body.to_generation(state.settings)
+    tools = body.tool_selection()
+    parser = ToolCallParser(parallel=tools.parallel) if tools.parse else None
     job_id = await submit(state, caller, request, body.priority)
     if body.stream:
         include_usage = bool(body.stream_options and body.stream_options.include_usage)
         events = await first_output(state, job_id, http.receive)
-        render = _ChatSSE(job_id, body.model, include_usage)
+        render = _ChatSSE(job_id, body.model, include_usage, parser)
         return sse.response(relay(state, job_id, events, render))
-    return await _complete(state, job_id, body.model, bool(body.logprobs))
+    return await _complete(state, job_id, body.model, bool(body.logprobs), parser)
 
 
-async def _complete(state: AppState, job_id: str, model: str, logprobs: bool) -> ChatCompletion:
+async def _complete(
+    state: AppState, job_id: str, model: str, logprobs: bool, parser: ToolCallParser | None
+) -> ChatCompletion:
     result = await collect(state, job_id)
+    content: str | None = result.text
+    finish_reason: str = result.done.finish_reason
+    calls: list[OutputToolCall] | None = None
+    if parser is not None:
+        content, found = parse_reply(result.text, parser.parallel)
+        if found:
+            calls = [OutputToolCall.of(call) for call in found]
+            finish_reason = _with_calls(finish_reason)
     choice = Choice(
-        message=AssistantMessage(content=result.text),
-        finish_reason=result.done.finish_reason,
+        message=AssistantMessage(content=content, tool_calls=calls),
+        finish_reason=finish_reason,
         logprobs=ChoiceLogprobs(content=result.logprobs or []) if logprobs else None,
     )
     return ChatCompletion(
@@ -61,12 +83,20 @@ async def _complete(state: AppState, job_id: str, model: str, logprobs: bool) ->
     )
 
 
-class _ChatSSE(OpenAIStreamRenderer):
-    """OpenAI's chat completion chunks: a role chunk, content chunks, a finish chunk (and a
-    usage chunk if asked), then `[DONE]`."""
+def _with_calls(finish_reason: str) -> str:
+    """OpenAI's `tool_calls` for a reply that ended by itself with calls in it."""
+    return "tool_calls" if finish_reason == "stop" else finish_reason
 
-    def __init__(self, job_id: str, model: str, include_usage: bool) -> None:
+
+class _ChatSSE(OpenAIStreamRenderer):
+    """OpenAI's chat completion chunks: a role chunk, content chunks (and tool call deltas,
+    with a `parser`), a finish chunk (and a usage chunk if asked), then `[DONE]`."""
+
+    def __init__(
+        self, job_id: str, model: str, include_usage: bool, parser: ToolCallParser | None = None
+    ) -> None:
         super().__init__(f"chatcmpl-{job_id}", model, include_usage)
+        self._parser = parser
         self._content = sse.TextFrames(
             lambda text: ChatCompletionChunk(
                 id=self._id,
@@ -81,24 +111,38 @@ class _ChatSSE(OpenAIStreamRenderer):
 
     def text(self, text: str) -> bytes:
         """A chunk carrying `text`: the hot path, once per event of every stream."""
+        if self._parser is not None:
+            return self._pieces(self._parser.feed(text))
         return self._content.frame(text)
 
     def text_with_logprobs(self, text: str, logprobs: list[TokenLogprob]) -> bytes:
-        choice = ChunkChoice(delta=Delta(content=text), logprobs=ChoiceLogprobs(content=logprobs))
-        return self._encode(
-            ChatCompletionChunk(
-                id=self._id, created=self._created, model=self._model, choices=[choice]
-            )
-        )
+        if self._parser is not None:  # the text's first chunk carries them
+            deltas = [_delta_of(piece) for piece in self._parser.feed(text)] or [Delta()]
+            head = self._delta(deltas[0], logprobs=ChoiceLogprobs(content=logprobs))
+            return head + b"".join(self._delta(delta) for delta in deltas[1:])
+        return self._delta(Delta(content=text), logprobs=ChoiceLogprobs(content=logprobs))
 
     def done(self, event: Done) -> bytes:
-        out = self._delta(Delta(), finish_reason=event.finish_reason)
+        out, finish_reason = b"", str(event.finish_reason)
+        if self._parser is not None:
+            out = self._pieces(self._parser.finish())
+            if self._parser.calls:
+                finish_reason = _with_calls(finish_reason)
+        out += self._delta(Delta(), finish_reason=finish_reason)
         if self._include_usage:
             out += self._usage(event.usage)
         return out
 
-    def _delta(self, delta: Delta, finish_reason: str | None = None) -> bytes:
-        choice = ChunkChoice(delta=delta, finish_reason=finish_reason)
+    def _pieces(self, pieces: list[Piece]) -> bytes:
+        return b"".join(self._delta(_delta_of(piece)) for piece in pieces)
+
+    def _delta(
+        self,
+        delta: Delta,
+        finish_reason: str | None = None,
+        logprobs: ChoiceLogprobs | None = None,
+    ) -> bytes:
+        choice = ChunkChoice(delta=delta, finish_reason=finish_reason, logprobs=logprobs)
         return self._encode(
             ChatCompletionChunk(
                 id=self._id, created=self._created, model=self._model, choices=[choice]
@@ -115,3 +159,20 @@ class _ChatSSE(OpenAIStreamRenderer):
     @staticmethod
     def _encode(chunk: ChatCompletionChunk) -> bytes:
         return sse.encode(chunk.model_dump_json(exclude_none=False))
+
+
+def _delta_of(piece: Piece) -> Delta:
+    match piece:
+        case Content(text=text):
+            return Delta(content=text)
+        case CallStart(index=index, id=call_id, name=name):
+            function = FunctionDelta(name=name, arguments="")
+            return Delta(
+                tool_calls=[
+                    ToolCallDelta(index=index, id=call_id, type="function", function=function)
+                ]
+            )
+        case Arguments(index=index, text=text):
+            return Delta(
+                tool_calls=[ToolCallDelta(index=index, function=FunctionDelta(arguments=text))]
+            )
