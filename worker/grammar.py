@@ -13,6 +13,11 @@ complete, only end-of-sequence is allowed. xgrammar's string rule lets raw contr
 characters through, which JSON forbids (they must be escaped), so tokens holding a byte
 below 0x20 are masked as well: with no free whitespace, a valid document never needs one.
 
+Each step masks all constrained rows of the batch at once (`GrammarCompiler.mask_rows`): one
+bitmask for them all, filled by xgrammar's `BatchGrammarMatcher` across threads, applied to
+their logits in one call, and the control-character mask in one more; rows without a
+grammar are not touched.
+
 A forced tool call (`tool_choice` `required` or a named function) is the same JSON grammar
 between the literals `<tool_call>` and `</tool_call>` (Qwen2's tool-call format, without
 its newlines, which the control-character mask would forbid).
@@ -30,7 +35,8 @@ from tokenrelay.shared.errors import InvalidRequest
 
 
 class GrammarCompiler:
-    """Compiles JSON schemas for one tokenizer; `matcher` starts one sequence's state."""
+    """Compiles JSON schemas for one tokenizer; `matcher` starts one sequence's state, and
+    `mask_rows` masks a step's constrained rows together."""
 
     def __init__(
         self,
@@ -54,13 +60,32 @@ class GrammarCompiler:
             ],
             dtype=torch.long,
         )
+        self._batch = xgrammar.BatchGrammarMatcher()
+        self._bitmask = xgrammar.allocate_token_bitmask(1, vocab_size)
 
     def compile(self, json_schema: str, tool_call: bool = False) -> Any:
         """The compiled grammar; `InvalidRequest` (400) for a schema xgrammar refuses."""
         return self._compiler.compile_grammar(grammar_of(json_schema, tool_call))
 
     def matcher(self, compiled: Any) -> GrammarState:
-        return GrammarState(compiled, self._vocab_size, self._control)
+        return GrammarState(compiled)
+
+    def mask_rows(self, states: list[GrammarState], logits: torch.Tensor) -> torch.Tensor:
+        """`logits` (row `i` is `states[i]`'s, a tensor the caller owns) with every token
+        each row's grammar forbids at -inf, in place."""
+        import xgrammar
+
+        if self._bitmask.shape[0] < len(states):
+            self._bitmask = xgrammar.allocate_token_bitmask(len(states), self._vocab_size)
+        bitmask = self._bitmask[: len(states)]
+        self._batch.batch_fill_next_token_bitmask([state.matcher for state in states], bitmask)
+        xgrammar.apply_token_bitmask_inplace(
+            logits, bitmask.to(logits.device), vocab_size=self._vocab_size
+        )
+        if self._control.device != logits.device:
+            self._control = self._control.to(logits.device)
+        logits[:, self._control] = float("-inf")
+        return logits
 
 
 TOOL_CALL_OPEN = "<tool_call>"
@@ -93,27 +118,15 @@ def grammar_of(json_schema: str, tool_call: bool = False) -> Any:
 class GrammarState:
     """One sequence's position in its grammar."""
 
-    def __init__(self, compiled: Any, vocab_size: int, control: torch.Tensor) -> None:
+    def __init__(self, compiled: Any) -> None:
         import xgrammar
 
-        self._xgrammar = xgrammar
-        self._matcher = xgrammar.GrammarMatcher(compiled)
-        self._bitmask = xgrammar.allocate_token_bitmask(1, vocab_size)
-        self._control = control
-
-    def mask(self, logits: torch.Tensor) -> torch.Tensor:
-        """`logits` (a row this sequence owns) with every token the grammar forbids at -inf."""
-        self._matcher.fill_next_token_bitmask(self._bitmask)
-        row = logits.unsqueeze(0)
-        self._xgrammar.apply_token_bitmask_inplace(row, self._bitmask.to(logits.device))
-        masked = row.squeeze(0)
-        masked[self._control.to(logits.device)] = float("-inf")
-        return masked
+        self.matcher = xgrammar.GrammarMatcher(compiled)
 
     def accept(self, token: int) -> None:
-        if not self._matcher.accept_token(token):
+        if not self.matcher.accept_token(token):
             raise RuntimeError(f"the grammar refused token {token} it allowed")
 
     @property
     def finished(self) -> bool:
-        return bool(self._matcher.is_terminated())
+        return bool(self.matcher.is_terminated())

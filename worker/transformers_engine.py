@@ -211,10 +211,9 @@ class TransformersEngine(ModelFilesMethods):
         """Sample each row's next token; drop rows that finished from the batch."""
         outputs: list[TokenOutput] = []
         finished: set[str] = set()
+        masked = self._mask_grammars(rows, logits)
         for i, row in enumerate(rows):
-            row_logits = row.processor.adjust(logits[i], row.produced)
-            if row.grammar is not None:  # on a copy: logprobs read the raw row
-                row_logits = row.grammar.mask(row_logits.clone())
+            row_logits = row.processor.adjust(masked.get(i, logits[i]), row.produced)
             token = sample_token(row_logits, row.params, row.generator)
             if row.grammar is not None:
                 row.grammar.accept(token)
@@ -235,6 +234,18 @@ class TransformersEngine(ModelFilesMethods):
         if finished:
             self._keep_rows([i for i, r in enumerate(self._rows) if r.seq_id not in finished])
         return outputs
+
+    def _mask_grammars(self, rows: list[_Row], logits: torch.Tensor) -> dict[int, torch.Tensor]:
+        """The constrained rows' logits, by row index, masked by their grammars in one batch
+        (on a copy: log probabilities read the raw rows). A mask commutes with the penalties
+        and biases applied after it: they leave -inf at -inf."""
+        constrained = [(i, row.grammar) for i, row in enumerate(rows) if row.grammar is not None]
+        if not constrained:
+            return {}
+        index = torch.tensor([i for i, _ in constrained], device=logits.device)
+        states = [state for _, state in constrained]
+        masked = self._grammars().mask_rows(states, logits.index_select(0, index))
+        return {i: row for (i, _), row in zip(constrained, masked, strict=True)}
 
     def _merge(self, cache: Any, mask: torch.Tensor, rows: list[_Row]) -> None:
         if self._mask is None:
