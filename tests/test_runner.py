@@ -12,7 +12,7 @@ import pytest
 import redis
 
 from tokenrelay.shared import keys, scripts
-from tokenrelay.shared.generation import ChatMessage, GenerationRequest
+from tokenrelay.shared.generation import ChatMessage, FunctionTool, GenerationRequest
 from tokenrelay.shared.script_runner import SyncScripts
 from tokenrelay.shared.scripts import ScriptCall
 from tokenrelay.shared.settings import Settings
@@ -47,7 +47,9 @@ class ScriptedEngine:
         self.batch_sizes: list[int] = []
         self.seen: SamplingParams | None = None
 
-    def encode_chat(self, messages: Sequence[ChatMessage]) -> list[int]:
+    def encode_chat(
+        self, messages: Sequence[ChatMessage], tools: Sequence[FunctionTool] = ()
+    ) -> list[int]:
         return [1, 2, 3]
 
     def sampling_defaults(self) -> tuple[float, float, int]:
@@ -359,7 +361,9 @@ def test_events_redis_lost_after_acknowledging_them_are_sent_again(
 class LongChatEngine(ScriptedEngine):
     """Twenty tokens per turn: a long history overflows the 64-token context."""
 
-    def encode_chat(self, messages: Sequence[ChatMessage]) -> list[int]:
+    def encode_chat(
+        self, messages: Sequence[ChatMessage], tools: Sequence[FunctionTool] = ()
+    ) -> list[int]:
         return [1] * (20 * len(messages))
 
 
