@@ -141,6 +141,14 @@ def test_auto_renders_the_tools_in_the_prompt_and_none_does_not(client: openai.O
     # random weights write no `<tool_call>`: the reply is text, as without tools
     assert isinstance(choice.message.content, str) and choice.message.tool_calls is None
     assert choice.finish_reason in ("stop", "length")
+    streamed, finish = "", None
+    for chunk in client.chat.completions.create(
+        model=MODEL_NAME, messages=MESSAGES, tools=TOOLS, max_tokens=30, temperature=0, stream=True
+    ):
+        assert not chunk.choices[0].delta.tool_calls
+        streamed += chunk.choices[0].delta.content or ""
+        finish = chunk.choices[0].finish_reason or finish
+    assert (streamed, finish) == (choice.message.content, choice.finish_reason)
 
 
 def test_calls_and_tool_results_in_the_history_render_back(client: openai.OpenAI) -> None:
