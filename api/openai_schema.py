@@ -316,6 +316,8 @@ class ChatCompletionRequest(SamplingFields):
         max_tokens = self.max_completion_tokens or self.max_tokens
         generation = self._generation(settings, max_tokens, messages=messages, logprobs=logprobs)
         tools = self.tool_selection()
+        for i, tool in enumerate(self.tools or []):
+            _check_unicode(json.dumps(tool.model_dump(), ensure_ascii=False), f"tools.{i}")
         json_schema = self._json_schema()
         if tools.call_schema is not None and json_schema is not None:
             raise InvalidRequest(
@@ -404,6 +406,9 @@ def _chat_message(message: InputMessage, index: int) -> ChatMessage:
             f"`{prefix}tool_call_id` is required in a tool turn and only there",
             param=f"{prefix}tool_call_id",
         )
+    for j, call in enumerate(message.tool_calls or []):
+        _check_unicode(json.dumps(call.model_dump(), ensure_ascii=False), f"{prefix}tool_calls.{j}")
+    _check_unicode(message.tool_call_id or "", f"{prefix}tool_call_id")
     return ChatMessage(
         role="system" if message.role == "developer" else message.role,
         content=_content(message, index),

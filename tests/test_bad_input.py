@@ -292,6 +292,18 @@ def test_lone_surrogate_in_content_is_a_400(api: TestClient) -> None:
             "stop.0",
         ),
         ("/chat", b'{"query": "q", "user_stop_words": ["x", "\\ud800"]}', "stop.1"),
+        (
+            "/v1/chat/completions",
+            b'{"model": "m", "messages": [%s], "tools": [{"type": "function", "function": '
+            b'{"name": "f", "description": "\\ud800"}}]}',
+            "tools.0",
+        ),
+        (
+            "/v1/chat/completions",
+            b'{"model": "m", "messages": [{"role": "assistant", "tool_calls": [{"id": "c", '
+            b'"type": "function", "function": {"name": "f", "arguments": "\\udfff"}}]}, %s]}',
+            "messages.0.tool_calls.0",
+        ),
     ],
 )
 def test_lone_surrogate_in_a_prompt_or_stop_string_is_a_400(
