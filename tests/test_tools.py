@@ -6,6 +6,7 @@ back; stop words still end a ReAct turn when tools are also sent; bad tool field
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterator
 from typing import Any, Literal
 
@@ -237,3 +238,28 @@ def test_a_jobs_tools_are_refused_and_a_schema_that_cannot_be_enforced_too(
     assert (
         "`tools` has a JSON schema that cannot be enforced" in response.json()["error"]["message"]
     )
+
+
+def test_tool_call_deltas_have_openais_exact_shape(cluster: Cluster) -> None:
+    body = {
+        "model": MODEL_NAME,
+        "messages": MESSAGES,
+        "tools": TOOLS,
+        "tool_choice": NAMED,
+        "temperature": 1.2,
+        "seed": 2,
+        "max_tokens": 200,
+        "stream": True,
+    }
+    url = f"{cluster.base_url}/v1/chat/completions"
+    with httpx.stream("POST", url, json=body, timeout=60) as response:
+        data = [line[6:] for line in response.iter_lines() if line.startswith("data: ")]
+    assert data[-1] == "[DONE]"
+    deltas = [json.loads(d)["choices"][0]["delta"] for d in data[:-1]]
+    calls = [delta["tool_calls"] for delta in deltas if "tool_calls" in delta]
+    first, *rest = (call for (call,) in calls)
+    assert set(first) == {"index", "id", "type", "function"}
+    assert first["function"] == {"name": "get_weather", "arguments": ""}
+    assert rest and all(call.keys() == {"index", "function"} for call in rest)
+    assert all(call["function"].keys() == {"arguments"} for call in rest)
+    assert json.loads(data[-2])["choices"][0]["finish_reason"] == "tool_calls"
