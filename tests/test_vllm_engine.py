@@ -20,12 +20,12 @@ from tests.cluster import MODEL_NAME, Cluster, running_cluster
 from tokenrelay.cli.harness import eventually
 from tokenrelay.shared import keys
 
-pytestmark = pytest.mark.e2e
-
 ROOT = Path(__file__).resolve().parent.parent
 VLLM_PYTHON = Path(os.environ.get("TOKENRELAY_VLLM_PYTHON", ROOT / ".venv-vllm" / "bin" / "python"))
 # vLLM's start-up (imports, model load, KV cache, warm-up) takes 20-75 s on two cores.
 VLLM_READY_TIMEOUT_S = 300.0
+# The module's first test also waits for the worker: its pytest timeout must cover that wait.
+pytestmark = [pytest.mark.e2e, pytest.mark.timeout(VLLM_READY_TIMEOUT_S + 120)]
 LEASE_TTL_S = 3
 PREFILL_TOKENS = 64
 VLLM_ENV = {
@@ -247,3 +247,38 @@ def test_logprobs_logit_bias_and_a_json_schema_through_vllm(
         document = json.loads(reply.json()["choices"][0]["message"]["content"])
         assert set(document) == {"ok", "n"}
         assert isinstance(document["ok"], bool) and document["n"] in (1, 2, 3)
+
+
+def test_a_forced_tool_call_through_vllm_is_valid_json_for_its_parameters(
+    cluster: Cluster,
+) -> None:
+    """A named `tool_choice` reaches vLLM's structured outputs as the tool-call grammar: the
+    reply is one call of that function whose arguments match its bounded parameters."""
+    parameters = {
+        "type": "object",
+        "properties": {
+            "unit": {"type": "string", "enum": ["celsius", "fahrenheit"]},
+            "days": {"type": "integer", "enum": [1, 2, 3]},
+        },
+        "required": ["unit", "days"],
+        "additionalProperties": False,
+    }
+    tools = [{"type": "function", "function": {"name": "get_weather", "parameters": parameters}}]
+    body = {
+        "model": MODEL_NAME,
+        "messages": [{"role": "user", "content": "weather?"}],
+        "tools": tools,
+        "tool_choice": {"type": "function", "function": {"name": "get_weather"}},
+        "temperature": 1.0,
+        "seed": 3,
+        "max_tokens": 80,
+    }
+    with httpx.Client(base_url=cluster.base_url, timeout=120) as http:
+        reply = http.post("/v1/chat/completions", json=body)
+    assert reply.status_code == 200, reply.text
+    choice = reply.json()["choices"][0]
+    assert choice["finish_reason"] == "tool_calls"
+    (call,) = choice["message"]["tool_calls"]
+    assert call["function"]["name"] == "get_weather"
+    arguments = json.loads(call["function"]["arguments"])
+    assert arguments["unit"] in ("celsius", "fahrenheit") and arguments["days"] in (1, 2, 3)
