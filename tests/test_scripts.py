@@ -102,7 +102,7 @@ def test_events_get_consecutive_seqs_and_text_accumulates(
     run.run(scripts.start(settings, "s", "w1", started()))
     texts = ("你好", "\n", "🚀")
     chunks = [("s", i + 1, TokenChunk(text=t, tokens=1).to_wire(), t) for i, t in enumerate(texts)]
-    assert run.run(scripts.emit(settings, chunks)) == [[], [], []]
+    assert run.run(scripts.emit(settings, chunks)) == [[], []]
     done = Done(
         finish_reason="stop", usage=Usage(prompt_tokens=3, completion_tokens=3, total_tokens=6)
     )
@@ -129,18 +129,36 @@ def test_emit_drops_events_of_jobs_no_longer_running(
     run.run(scripts.finish(settings, "x", "cancelled", {}, cancelled))
     assert run.run(
         scripts.emit(settings, [("x", 1, TokenChunk(text="a", tokens=1).to_wire(), "a")])
-    ) == [[], ["x"], []]
+    ) == [["x"], []]
+    assert run.run(
+        scripts.emit(settings, [("x", 2, TokenChunk(text="b", tokens=1).to_wire(), "b")])
+    ) == [["x"], []]
     assert [e["type"] for e in log(sync_redis, "x")] == ["started", "error"]
+    assert sync_redis.hget(keys.job("x"), "next_seq") == "2"
+    assert sync_redis.get(keys.job_text("x")) is None
 
 
-def test_emit_stops_a_cancelled_job_whose_worker_missed_the_cancel_message(
+def test_emit_for_an_unknown_job_leaves_no_key_behind(
+    run: SyncScripts, settings: Settings, sync_redis: redis.Redis
+) -> None:
+    chunk = TokenChunk(text="a", tokens=1).to_wire()
+    assert run.run(scripts.emit(settings, [("nobody", 1, chunk, "a")])) == [["nobody"], []]
+    assert run.run(scripts.emit(settings, [("nobody", 0, chunk, "a")])) == [["nobody"], []]
+    assert sync_redis.keys("*nobody*") == []
+
+
+def test_renew_stops_a_cancelled_job_whose_worker_missed_the_cancel_message(
     run: SyncScripts, settings: Settings, sync_redis: redis.Redis
 ) -> None:
     admit(run, settings, "x")
+    admit(run, settings, "y")
     run.run(scripts.start(settings, "x", "w1", started()))
+    run.run(scripts.start(settings, "y", "w1", started()))
     assert run.run(scripts.cancel(settings, "x")) == "cancelling"  # nobody heard the publish
     chunk = TokenChunk(text="a", tokens=1).to_wire()
-    assert run.run(scripts.emit(settings, [("x", 1, chunk, "a")])) == [["x"], [], []]
+    assert run.run(scripts.emit(settings, [("x", 1, chunk, "a")])) == [[], []]
+    reply = scripts.parse_renew(run.run(scripts.renew(settings, ["x", "y"])))
+    assert reply == scripts.RenewReply(lost=[], cancelled=["x"])
     assert [e["type"] for e in log(sync_redis, "x")] == ["started", "token"]
 
 
@@ -170,7 +188,8 @@ def test_renew_extends_live_leases_and_reports_lost_ones(
     admit(run, settings, "dead")
     sync_redis.zadd(keys.leases(), {"dead": 0})
     before = sync_redis.zscore(keys.leases(), "live")
-    assert run.run(scripts.renew(settings, ["live", "dead"])) == ["dead"]
+    reply = scripts.parse_renew(run.run(scripts.renew(settings, ["live", "dead"])))
+    assert reply == scripts.RenewReply(lost=["dead"], cancelled=[])
     after = sync_redis.zscore(keys.leases(), "live")
     assert before is not None and after is not None
     assert after != before
@@ -196,9 +215,9 @@ def test_emit_applies_only_the_next_seq_so_resends_are_no_ops_and_gaps_refused(
     def chunk(seq: int) -> scripts.EmitItem:
         return ("g", seq, TokenChunk(text=str(seq), tokens=1).to_wire(), str(seq))
 
-    assert run.run(scripts.emit(settings, [chunk(1), chunk(2)])) == [[], [], []]
+    assert run.run(scripts.emit(settings, [chunk(1), chunk(2)])) == [[], []]
     # A resend after a lost reply, then the next event: applied once each.
-    assert run.run(scripts.emit(settings, [chunk(1), chunk(2), chunk(3)])) == [[], [], []]
+    assert run.run(scripts.emit(settings, [chunk(1), chunk(2), chunk(3)])) == [[], []]
     reply = scripts.parse_emit(run.run(scripts.emit(settings, [chunk(5), chunk(6)])))
     assert reply.resume_at == {"g": 4}
     assert sync_redis.get(keys.job_text("g")) == "123"

@@ -109,8 +109,6 @@ class Courier:
             return False
         for job_log in logs:
             job_log.acked = reply.resume_at.get(job_log.job_id, sent[job_log.job_id])
-        for job_id in reply.cancelled:
-            self._active.request_stop(job_id, StopReason.CANCELLED)
         for job_id in reply.gone:
             self._active.request_stop(job_id, StopReason.LEASE_LOST)
         return True

@@ -5,13 +5,11 @@ draining every job channel as an API process would, and prints Redis CPU and com
 event for several jobs-per-call batch sizes (a real engine's decoding step carries every
 running job, so one EMIT call carries one event per job).
 
-- `current`: `tokenrelay.shared.scripts.EMIT` — per event HMGET status, cancel flag and
-  next_seq (the event applies only as the job's next seq), HSET next_seq, XADD, PUBLISH,
-  APPEND text.
-- `lean` (a proposal, not used by tokenrelay): per event XADD with an auto sequence
-  (`1-*`, Redis >= 7.0; the entry id carries `seq`) and PUBLISH. A job that has ended is
-  detected by XADD failing, because ending a job would `XSETID` its log to `2-0`; the job
-  text is written once when the job ends instead of appended per event.
+- `current`: `tokenrelay.shared.scripts.EMIT` — per event HINCRBY next_seq (the event
+  applies only as the job's next seq; the reply is the check), XADD (refused once the job
+  ended: its log is closed), PUBLISH; per job and call one APPEND of its texts.
+- `lean` (the floor, not used by tokenrelay: no resend or gap check): per event XADD with
+  an auto sequence (`1-*`, Redis >= 7.0; the entry id carries `seq`) and PUBLISH, no text.
 
     .venv/bin/python -m bench.redis_emit [--seconds 3] [--batch 1,8,64]
 """
@@ -87,7 +85,7 @@ def measure(
 ) -> tuple[float, float, float]:
     """(Redis CPU µs per event, Redis commands per event, events per second)."""
     job_ids = [uuid.uuid4().hex for _ in range(batch)]
-    running: dict[FieldT, EncodableT] = {JobField.STATUS: JobStatus.RUNNING, JobField.NEXT_SEQ: 0}
+    running: dict[FieldT, EncodableT] = {JobField.STATUS: JobStatus.RUNNING, JobField.NEXT_SEQ: 1}
     for job_id in job_ids:
         client.hset(keys.job(job_id), mapping=running)
     stop = threading.Event()
@@ -98,7 +96,7 @@ def measure(
     send: Callable[[], object]
     if variant == "current":
         script = client.register_script(scripts.EMIT)
-        sent = itertools.count()
+        sent = itertools.count(1)
 
         def send() -> object:
             seq = next(sent)  # EMIT applies each job's next seq only
