@@ -29,6 +29,7 @@ log = logging.getLogger(__name__)
 EXIT_MODEL_UNAVAILABLE = 2
 EXIT_REDIS_TOO_OLD = 3
 _RECONNECT_BACKOFF_S = 1.0
+_POOL_WAIT_S = 5.0
 
 
 def build_engine(settings: Settings) -> Engine:
@@ -99,8 +100,15 @@ def run_worker(settings: Settings, *, demo: bool = False) -> int:
         )
         return EXIT_MODEL_UNAVAILABLE
     name = f"tokenrelay-{uuid.uuid4().hex[:12]}"
-    connection = redis_connect.sync_client(settings)
-    scripts_client = redis_connect.sync_client(settings, decode_responses=True)
+    # Bounded pools: the job threads (up to `worker_concurrency`) share them, so a worker's
+    # connections stay within twice `TOKENRELAY_WORKER_REDIS_POOL_SIZE` whatever it runs.
+    pool_size = settings.worker_redis_pool_size
+    connection = redis_connect.sync_client(
+        settings, max_connections=pool_size, pool_wait_s=_POOL_WAIT_S
+    )
+    scripts_client = redis_connect.sync_client(
+        settings, max_connections=pool_size, pool_wait_s=_POOL_WAIT_S, decode_responses=True
+    )
     active = ActiveJobs()
     redis_scripts = SyncScripts(scripts_client)
     batcher = Batcher(engine, redis_scripts, settings, active)
