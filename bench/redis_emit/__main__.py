@@ -8,6 +8,9 @@ running job, so one EMIT call carries one event per job).
 - `current`: `tokenrelay.shared.scripts.EMIT` — per event HINCRBY next_seq (the event
   applies only as the job's next seq; the reply is the check), XADD (refused once the job
   ended: its log is closed), PUBLISH; per job and call one APPEND of its texts.
+- `issue-13`: EMIT as issue 13 landed it (`PREVIOUS_EMIT_BODY` on today's library), for
+  the ratio in the same run — per event HMGET status, cancel flag and next_seq, HSET
+  next_seq, XADD, PUBLISH, APPEND.
 - `lean` (the floor, not used by tokenrelay: no resend or gap check): per event XADD with
   an auto sequence (`1-*`, Redis >= 7.0; the entry id carries `seq`) and PUBLISH, no text.
 
@@ -53,6 +56,40 @@ end
 return stopped
 """
 
+PREVIOUS_EMIT_BODY = r"""
+local cancelled, gone, behind, refused, flagged = {}, {}, {}, {}, {}
+for i = 27, #ARGV, 4 do
+  local id = ARGV[i]
+  if not refused[id] then
+    local h = key(T_HASH, id)
+    local status, cancelling, next_seq = unpack(redis.call('HMGET', h, F_STATUS,
+      F_CANCEL_REQUESTED, F_NEXT_SEQ))
+    local seq = tonumber(ARGV[i + 1])
+    if status ~= S_RUNNING then
+      refused[id] = true
+      table.insert(gone, id)
+    elseif seq > tonumber(next_seq) then
+      refused[id] = true
+      table.insert(behind, id)
+      table.insert(behind, tonumber(next_seq))
+    else
+      if seq == tonumber(next_seq) then
+        redis.call('HSET', h, F_NEXT_SEQ, seq + 1)
+        append(id, seq, ARGV[i + 2])
+        if ARGV[i + 3] ~= '' then
+          redis.call('APPEND', key(T_TEXT, id), ARGV[i + 3])
+        end
+      end
+      if cancelling and not flagged[id] then
+        flagged[id] = true
+        table.insert(cancelled, id)
+      end
+    end
+  end
+end
+return {cancelled, gone, behind}
+"""
+
 _EVENT = '{"type":"token","text":"lorem ","tokens":1}'
 
 
@@ -94,8 +131,10 @@ def measure(
     drainer.start()
     time.sleep(0.2)
     send: Callable[[], object]
-    if variant == "current":
-        script = client.register_script(scripts.EMIT)
+    if variant in ("current", "issue-13"):
+        library = scripts.EMIT[: scripts.EMIT.index("-- EMIT:")]
+        source = scripts.EMIT if variant == "current" else library + PREVIOUS_EMIT_BODY
+        script = client.register_script(source)
         sent = itertools.count(1)
 
         def send() -> object:
@@ -136,7 +175,7 @@ def main(argv: list[str] | None = None) -> int:
     with EmbeddedRedis() as server:
         client = redis.Redis.from_url(server.url, decode_responses=True)
         for batch in (int(b) for b in args.batch.split(",")):
-            for variant in ("current", "lean"):
+            for variant in ("issue-13", "current", "lean"):
                 cpu_us, commands, rate = measure(
                     client, server.port, batch, args.seconds, variant, settings
                 )
