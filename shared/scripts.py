@@ -201,8 +201,8 @@ def start(settings: Settings, job_id: str, worker: str, started_event: str) -> S
     return _library_call(START, settings, job_id, worker, settings.lease_ttl_ms, started_event)
 
 
-EmitItem = tuple[str, int, str, str]
-"""One event for EMIT: job id, seq (numbered by the job's worker), event JSON, text delta."""
+EmitItem = tuple[str, int, str]
+"""One event for EMIT: job id, seq (numbered by the job's worker), event JSON."""
 
 
 def emit(settings: Settings, events: list[EmitItem]) -> ScriptCall:
@@ -239,11 +239,14 @@ def finish(
     fields: dict[str, Arg],
     final_event: str,
     final_seq: int = -1,
+    text: str | None = None,
 ) -> ScriptCall:
-    """End a job; with `final_seq` >= 0, only if its log holds every event below it."""
-    return _library_call(
-        FINISH, settings, job_id, status, json.dumps(fields), final_event, final_seq
-    )
+    """End a job; with `final_seq` >= 0, only if its log holds every event below it. `text`,
+    the job's whole text, is stored when this call ends it."""
+    args: list[Arg] = [job_id, status, json.dumps(fields), final_event, final_seq]
+    if text is not None:
+        args.append(text)
+    return _library_call(FINISH, settings, *args)
 
 
 def cancel(settings: Settings, job_id: str) -> ScriptCall:

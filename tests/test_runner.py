@@ -92,7 +92,7 @@ class CountingScripts(SyncScripts):
 
     def run(self, call: ScriptCall) -> Any:
         if call.source == scripts.EMIT:
-            self.emits.append((len(call.args) - scripts.LIBRARY_ARGC) // 4)
+            self.emits.append((len(call.args) - scripts.LIBRARY_ARGC) // 3)  # triples
         return super().run(call)
 
 

@@ -7,7 +7,7 @@ running job, so one EMIT call carries one event per job).
 
 - `current`: `tokenrelay.shared.scripts.EMIT` — per event HINCRBY next_seq (the event
   applies only as the job's next seq; the reply is the check), XADD (refused once the job
-  ended: its log is closed), PUBLISH; per job and call one APPEND of its texts.
+  ended: its log is closed), PUBLISH; no text (FINISH stores it whole).
 - `issue-13`: EMIT as issue 13 landed it (`PREVIOUS_EMIT_BODY` on today's library), for
   the ratio in the same run — per event HMGET status, cancel flag and next_seq, HSET
   next_seq, XADD, PUBLISH, APPEND.
@@ -139,8 +139,15 @@ def measure(
 
         def send() -> object:
             seq = next(sent)  # EMIT applies each job's next seq only
-            call = scripts.emit(settings, [(job_id, seq, _EVENT, "lorem ") for job_id in job_ids])
-            return script(keys=call.keys, args=call.args)
+            call = scripts.emit(settings, [(job_id, seq, _EVENT) for job_id in job_ids])
+            args = call.args
+            if variant == "issue-13":  # quadruples: its text delta after each event
+                header, items = args[: scripts.LIBRARY_ARGC], args[scripts.LIBRARY_ARGC :]
+                args = [
+                    *header,
+                    *(p for i in range(0, len(items), 3) for p in (*items[i : i + 3], "lorem ")),
+                ]
+            return script(keys=call.keys, args=args)
 
     else:
         script = client.register_script(LEAN_EMIT)
