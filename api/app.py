@@ -27,6 +27,7 @@ from tokenrelay.api.routes import (
 from tokenrelay.api.routes import metrics as metrics_route
 from tokenrelay.api.state import AppState
 from tokenrelay.api.webhooks import dispatch_webhooks
+from tokenrelay.shared import redis_version
 from tokenrelay.shared.settings import Settings
 from tokenrelay.shared.version import VERSION
 
@@ -35,6 +36,11 @@ def create_app(settings: Settings) -> FastAPI:
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         state = AppState.build(settings)
+        try:
+            await redis_version.check_async(state.redis, settings)
+        except redis_version.RedisTooOld:
+            await state.close()
+            raise
         app.state.tokenrelay = state
         state.hub.start()
         reaper = asyncio.create_task(reap_forever(state), name="lease-reaper")

@@ -8,6 +8,7 @@ import uuid
 
 from tokenrelay.api import request_log
 from tokenrelay.api.deps import Caller
+from tokenrelay.api.job_record import read_job
 from tokenrelay.api.state import AppState
 from tokenrelay.api.webhook_policy import WebhookTarget
 from tokenrelay.shared import keys, scripts
@@ -98,13 +99,10 @@ async def get_record(state: AppState, caller: Caller, job_id: str) -> JobRecord:
     request_log.note_job(job_id, caller.owner)
     if not JOB_ID_PATTERN.match(job_id):
         raise JobNotFound(f"no job {job_id!r}")
-    async with state.redis.pipeline(transaction=False) as pipe:
-        pipe.hgetall(keys.job(job_id))
-        pipe.get(keys.job_text(job_id))
-        fields, text = await pipe.execute()
+    fields, text = await read_job(state.redis, job_id)
     if not fields or not caller.owns(fields.get(JobField.OWNER)):
         raise JobNotFound(f"no job {job_id!r}")
-    return JobRecord.from_redis(job_id, fields, text or "")
+    return JobRecord.from_redis(job_id, fields, text)
 
 
 async def cancel(state: AppState, job_id: str) -> str | None:

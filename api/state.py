@@ -17,7 +17,6 @@ from tokenrelay.shared import redis_connect
 from tokenrelay.shared.script_runner import AsyncScripts
 from tokenrelay.shared.settings import Settings
 
-REDIS_POOL_SIZE = 32
 REDIS_POOL_WAIT_S = 5.0
 REDIS_CONNECT_TIMEOUT_S = 5.0  # an unreachable Redis (no RST) is a 503, not a 2-minute hang
 
@@ -36,10 +35,12 @@ class AppState:
     @classmethod
     def build(cls, settings: Settings) -> AppState:
         # A burst of requests waits briefly for a pooled connection instead of failing with
-        # "Too many connections" (redis-py's default pool caps at 100 and refuses the rest).
+        # "Too many connections" (redis-py's default pool caps at 100 and refuses the rest);
+        # the pool, the stream hub's one pub/sub connection included, bounds this process's
+        # connections whatever the number of streams (`TOKENRELAY_REDIS_POOL_SIZE`).
         client = redis_connect.async_client(
             settings,
-            max_connections=REDIS_POOL_SIZE,
+            max_connections=settings.redis_pool_size,
             pool_wait_s=REDIS_POOL_WAIT_S,
             decode_responses=True,
             health_check_interval=30,
@@ -48,7 +49,9 @@ class AppState:
         return cls(
             settings=settings,
             redis=client,
-            rq_connection=redis_connect.sync_client(settings),
+            rq_connection=redis_connect.sync_client(
+                settings, max_connections=settings.redis_pool_size, pool_wait_s=REDIS_POOL_WAIT_S
+            ),
             scripts=AsyncScripts(client),
             hub=StreamHub(client),
             keys=KeyRing.from_settings(settings),

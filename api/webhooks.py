@@ -44,6 +44,7 @@ import httpx
 import redis.asyncio
 from redis.exceptions import RedisError
 
+from tokenrelay.api.job_record import read_job
 from tokenrelay.api.state import AppState
 from tokenrelay.api.webhook_policy import (
     Resolver,
@@ -54,7 +55,6 @@ from tokenrelay.api.webhook_policy import (
     webhooks_unavailable,
 )
 from tokenrelay.api.webhook_queue import Delivery, WebhookQueue
-from tokenrelay.shared import keys
 from tokenrelay.shared.jobs import JobField, JobRecord
 from tokenrelay.shared.settings import Settings
 
@@ -173,15 +173,12 @@ class Dispatcher:
         return Outcome.DELIVERED
 
     async def _attempt(self, delivery: Delivery) -> None:
-        async with self._redis.pipeline(transaction=False) as pipe:
-            pipe.hgetall(keys.job(delivery.job_id))
-            pipe.get(keys.job_text(delivery.job_id))
-            fields, text = await pipe.execute()
+        fields, text = await read_job(self._redis, delivery.job_id)
         url = fields.get(JobField.WEBHOOK) if fields else None
         if not url or JobField.STATUS not in fields:
             raise _Permanent("the job's record has expired or has no webhook")
         try:
-            body = JobRecord.from_redis(delivery.job_id, fields, text or "").model_dump_json()
+            body = JobRecord.from_redis(delivery.job_id, fields, text).model_dump_json()
         except (KeyError, ValueError) as exc:
             raise _Permanent(f"the job's record is incomplete: {exc!r}") from None
         try:

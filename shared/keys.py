@@ -31,7 +31,8 @@ def job_channel(job_id: str) -> str:
 
 
 def job_text(job_id: str) -> str:
-    """String holding the text a job has generated so far."""
+    """String holding a job's whole text, written once by its worker's FINISH (the text of a
+    job still running, or ended by another process, is its event log's: `api.job_record`)."""
     return f"{PREFIX}:job:{job_id}:text"
 
 

@@ -48,10 +48,23 @@ def _sentinel_kwargs(settings: Settings) -> dict[str, Any]:
     }
 
 
-def sync_client(settings: Settings, **options: Any) -> redis.Redis:
-    """A client of the primary; `options` go to each connection (`decode_responses`, ...)."""
+def sync_client(
+    settings: Settings, *, max_connections: int | None = None, **options: Any
+) -> redis.Redis:
+    """A client of the primary; `options` go to each connection (`decode_responses`, ...).
+    With `max_connections`, its pool holds at most that many: without Sentinel a blocking
+    pool (a thread waits up to `pool_wait_s` for a connection), with it redis-py's Sentinel
+    pool."""
+    pool_wait_s = options.pop("pool_wait_s", None)
     if not settings.redis_sentinels:
-        return redis.Redis.from_url(settings.redis_url, **options)
+        if max_connections is None:
+            return redis.Redis.from_url(settings.redis_url, **options)
+        pool = redis.BlockingConnectionPool.from_url(
+            settings.redis_url, max_connections=max_connections, timeout=pool_wait_s, **options
+        )
+        return redis.Redis.from_pool(pool)
+    if max_connections is not None:
+        options["max_connections"] = max_connections
     sentinel = redis.sentinel.Sentinel(
         settings.redis_sentinels, sentinel_kwargs=_sentinel_kwargs(settings)
     )

@@ -201,8 +201,8 @@ def start(settings: Settings, job_id: str, worker: str, started_event: str) -> S
     return _library_call(START, settings, job_id, worker, settings.lease_ttl_ms, started_event)
 
 
-EmitItem = tuple[str, int, str, str]
-"""One event for EMIT: job id, seq (numbered by the job's worker), event JSON, text delta."""
+EmitItem = tuple[str, int, str]
+"""One event for EMIT: job id, seq (numbered by the job's worker), event JSON."""
 
 
 def emit(settings: Settings, events: list[EmitItem]) -> ScriptCall:
@@ -213,18 +213,16 @@ def emit(settings: Settings, events: list[EmitItem]) -> ScriptCall:
 
 @dataclass(frozen=True)
 class EmitReply:
-    """What an EMIT call found: jobs to stop, and where logs with a gap must resume."""
+    """What an EMIT call found: jobs no longer running, and where logs with a gap must resume."""
 
-    cancelled: list[str]
     gone: list[str]
     resume_at: dict[str, int]
 
 
 def parse_emit(reply: list[Any]) -> EmitReply:
-    cancelled, gone, behind = reply
+    gone, behind = reply
     pairs = zip(behind[::2], behind[1::2], strict=True)
     return EmitReply(
-        cancelled=[str(job_id) for job_id in cancelled],
         gone=[str(job_id) for job_id in gone],
         resume_at={str(job_id): int(seq) for job_id, seq in pairs},
     )
@@ -241,11 +239,14 @@ def finish(
     fields: dict[str, Arg],
     final_event: str,
     final_seq: int = -1,
+    text: str | None = None,
 ) -> ScriptCall:
-    """End a job; with `final_seq` >= 0, only if its log holds every event below it."""
-    return _library_call(
-        FINISH, settings, job_id, status, json.dumps(fields), final_event, final_seq
-    )
+    """End a job; with `final_seq` >= 0, only if its log holds every event below it. `text`,
+    the job's whole text, is stored when this call ends it."""
+    args: list[Arg] = [job_id, status, json.dumps(fields), final_event, final_seq]
+    if text is not None:
+        args.append(text)
+    return _library_call(FINISH, settings, *args)
 
 
 def cancel(settings: Settings, job_id: str) -> ScriptCall:
@@ -257,7 +258,25 @@ def reap(settings: Settings) -> ScriptCall:
 
 
 def renew(settings: Settings, job_ids: list[str]) -> ScriptCall:
-    return ScriptCall(RENEW, [keys.leases()], [settings.lease_ttl_ms, *job_ids])
+    script_keys = [keys.leases(), *(keys.job(job_id) for job_id in job_ids)]
+    return ScriptCall(
+        RENEW, script_keys, [settings.lease_ttl_ms, JobField.CANCEL_REQUESTED, *job_ids]
+    )
+
+
+@dataclass(frozen=True)
+class RenewReply:
+    """What a RENEW call found: jobs whose lease was lost, jobs asked to stop."""
+
+    lost: list[str]
+    cancelled: list[str]
+
+
+def parse_renew(reply: list[Any]) -> RenewReply:
+    lost, cancelled = reply
+    return RenewReply(
+        lost=[str(job_id) for job_id in lost], cancelled=[str(job_id) for job_id in cancelled]
+    )
 
 
 def decode_text(value: bytes | str | None) -> str | None:

@@ -43,6 +43,8 @@ class Settings(BaseSettings):
     redis_sentinel_master: str = "mymaster"
     redis_sentinel_password: SecretStr | None = None
     redis_min_replicas: int = Field(default=0, ge=0)
+    redis_pool_size: int = Field(default=32, ge=2)
+    worker_redis_pool_size: int = Field(default=8, ge=3)
     model: str = DEFAULT_MODEL
     served_model_name: str = ""
     max_inflight: int = Field(default=64, ge=1)
@@ -72,7 +74,7 @@ class Settings(BaseSettings):
     worker_max_batch_tokens: int = Field(default=32_768, ge=16)
     worker_max_prefill_tokens: int = Field(default=2048, ge=16)
     vllm_cpu_max_model_len: int = Field(default=4096, ge=16)
-    flush_interval_ms: float = Field(default=0.0, ge=0)
+    flush_interval_ms: float = Field(default=50.0, ge=0)
     engine: Literal["transformers", "vllm", "synthetic"] = "transformers"
     allow_synthetic_engine: bool = False
     synthetic_tokens_per_s: float = Field(default=20.0, gt=0)

@@ -71,7 +71,7 @@ def test_job_events_are_the_logged_payloads_with_their_seq_and_type(
         job_id = client.post("/v1/jobs", json={"model": "m", "messages": MESSAGES}).json()["id"]
         run = SyncScripts(sync_redis)
         run.run(scripts.start(settings, job_id, "w", events[0].to_wire()))
-        run.run(scripts.emit(settings, [(job_id, 1, events[1].to_wire(), text)]))
+        run.run(scripts.emit(settings, [(job_id, 1, events[1].to_wire())]))
         run.run(scripts.finish(settings, job_id, "succeeded", {}, events[2].to_wire()))
         response = client.get(f"/v1/jobs/{job_id}/events")
     assert response.status_code == 200
@@ -207,3 +207,25 @@ def test_every_operation_documents_its_error_responses(redis_url: str) -> None:
             assert {"401", "503"} <= statuses, f"{method.upper()} {path}: {statuses}"
             if method == "post":
                 assert {"400", "429"} <= statuses, f"{method.upper()} {path}: {statuses}"
+
+
+def test_a_running_job_reads_its_text_so_far_from_its_log_and_an_ended_one_from_finish(
+    redis_url: str, sync_redis: redis.Redis
+) -> None:
+    settings = Settings(redis_url=redis_url, served_model_name="m")
+    started = Started(seq=0, worker="w", prompt_tokens=3).to_wire()
+    chunks = [TokenChunk(text=text, tokens=1).to_wire() for text in ("héllo", " 🌊")]
+    usage = Usage(prompt_tokens=3, completion_tokens=2, total_tokens=5)
+    done = Done(finish_reason="stop", usage=usage).to_wire()
+    with TestClient(create_app(settings)) as client:
+        job_id = client.post("/v1/jobs", json={"model": "m", "messages": MESSAGES}).json()["id"]
+        run = SyncScripts(sync_redis)
+        run.run(scripts.start(settings, job_id, "w", started))
+        run.run(scripts.emit(settings, [(job_id, 1, chunks[0]), (job_id, 2, chunks[1])]))
+        running = client.get(f"/v1/jobs/{job_id}").json()
+        assert (running["status"], running["text"]) == ("running", "héllo 🌊")
+        fields: dict[str, scripts.Arg] = {"finish_reason": "stop"}
+        ended = scripts.finish(settings, job_id, "succeeded", fields, done, 3, "the stored text")
+        assert run.run(ended) == 1
+        finished = client.get(f"/v1/jobs/{job_id}").json()
+    assert (finished["status"], finished["text"]) == ("succeeded", "the stored text")

@@ -372,7 +372,7 @@ def serve_one_job(app_settings: Settings, outcome: str) -> str:
             run(scripts.finish(app_settings, job_id, JobStatus.FAILED, fields, error.to_wire()))
         else:
             token = TokenChunk(text="hi", tokens=1)
-            run(scripts.emit(app_settings, [(job_id, 1, token.to_wire(), "hi")]))
+            run(scripts.emit(app_settings, [(job_id, 1, token.to_wire())]))
             done = Done(
                 finish_reason="stop",
                 usage=Usage(prompt_tokens=1, completion_tokens=1, total_tokens=2),

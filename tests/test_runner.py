@@ -94,7 +94,7 @@ class CountingScripts(SyncScripts):
 
     def run(self, call: ScriptCall) -> Any:
         if call.source == scripts.EMIT:
-            self.emits.append((len(call.args) - scripts.LIBRARY_ARGC) // 4)
+            self.emits.append((len(call.args) - scripts.LIBRARY_ARGC) // 3)  # triples
         return super().run(call)
 
 
@@ -102,6 +102,15 @@ def request(max_tokens: int = 50, stop: tuple[str, ...] = ()) -> dict[str, objec
     messages = (ChatMessage(role="user", content="x"),)
     body = GenerationRequest(model="m", messages=messages, max_tokens=max_tokens, stop=stop)
     return body.model_dump(mode="json")
+
+
+@pytest.fixture
+def settings(redis_url: str) -> Settings:
+    """No coalescing: every step sends one event per job, as these tests count them
+    (`test_flush_interval_*` cover coalescing)."""
+    return Settings(
+        redis_url=redis_url, max_inflight=2, lease_ttl_s=3, max_queue_wait_s=5, flush_interval_ms=0
+    )
 
 
 @pytest.fixture
@@ -280,6 +289,32 @@ def test_flush_interval_coalesces_tokens_into_fewer_events(
     chunks = [e for e in events(sync_redis, "j") if e["type"] == "token"]
     assert [c["text"] for c in chunks] == ["c", "oalesce me please"]
     assert sum(c["tokens"] for c in chunks) == len("coalesce me please")
+
+
+def test_flush_interval_never_drops_the_tokens_it_held_when_a_job_is_cancelled(
+    redis_url: str, sync_redis: redis.Redis, parts: tuple[CountingScripts, ActiveJobs]
+) -> None:
+    run, active = parts
+    settings = Settings(redis_url=redis_url, flush_interval_ms=60_000)
+    admit(run, settings, "j")
+
+    def cancel_at_step(step: int) -> None:
+        if step == 4:
+            assert run.run(scripts.cancel(settings, "j")) == "cancelling"
+            active.request_stop("j", StopReason.CANCELLED)
+
+    engine = ScriptedEngine({"j": "abcdefghij"}, on_step=cancel_at_step)
+    batcher = Batcher(engine, run, settings, active)
+    batcher.start()
+    try:
+        outcome = JobRunner(engine, batcher, run, settings, "w", active).generate("j", request())
+    finally:
+        batcher.stop()
+    assert outcome == {"status": "cancelled"}
+    chunks = [e for e in events(sync_redis, "j") if e["type"] == "token"]
+    assert [c["text"] for c in chunks] == ["a", "bcde"]
+    assert sync_redis.get(keys.job_text("j")) == "abcde"
+    assert sync_redis.hget(keys.job("j"), "completion_tokens") == "5"
 
 
 class FlakyScripts(SyncScripts):

@@ -95,20 +95,23 @@ def test_reap_marks_a_running_job_worker_lost_exactly_once(
     assert sync_redis.zcard(keys.leases()) == 0
 
 
-def test_events_get_consecutive_seqs_and_text_accumulates(
+def test_events_get_consecutive_seqs_and_finish_stores_the_text(
     run: SyncScripts, settings: Settings, sync_redis: redis.Redis
 ) -> None:
     admit(run, settings, "s")
     run.run(scripts.start(settings, "s", "w1", started()))
     texts = ("你好", "\n", "🚀")
-    chunks = [("s", i + 1, TokenChunk(text=t, tokens=1).to_wire(), t) for i, t in enumerate(texts)]
-    assert run.run(scripts.emit(settings, chunks)) == [[], [], []]
+    chunks = [("s", i + 1, TokenChunk(text=t, tokens=1).to_wire()) for i, t in enumerate(texts)]
+    assert run.run(scripts.emit(settings, chunks)) == [[], []]
+    assert sync_redis.get(keys.job_text("s")) is None  # EMIT writes no text
     done = Done(
         finish_reason="stop", usage=Usage(prompt_tokens=3, completion_tokens=3, total_tokens=6)
     )
     fields = {"finish_reason": "stop", "prompt_tokens": 3, "completion_tokens": 3}
-    assert run.run(scripts.finish(settings, "s", "succeeded", fields, done.to_wire())) == 1
-    assert run.run(scripts.finish(settings, "s", "failed", {}, done.to_wire())) == 0
+    ended = scripts.finish(settings, "s", "succeeded", fields, done.to_wire(), text="你好\n🚀")
+    assert run.run(ended) == 1
+    late = scripts.finish(settings, "s", "failed", {}, done.to_wire(), text="other")
+    assert run.run(late) == 0
     events = [parse_event(json.dumps(e)) for e in log(sync_redis, "s")]
     assert [e.seq for e in events] == [0, 1, 2, 3, 4]
     assert sync_redis.get(keys.job_text("s")) == "你好\n🚀"
@@ -116,6 +119,7 @@ def test_events_get_consecutive_seqs_and_text_accumulates(
     assert sync_redis.hget(keys.job("s"), "prompt_tokens") == "3"
     assert sync_redis.zcard(keys.leases()) == 0
     assert 0 < sync_redis.ttl(keys.job("s")) <= settings.result_ttl_s
+    assert 0 < sync_redis.ttl(keys.job_text("s")) <= settings.result_ttl_s
 
 
 def test_emit_drops_events_of_jobs_no_longer_running(
@@ -128,19 +132,37 @@ def test_emit_drops_events_of_jobs_no_longer_running(
     cancelled = '{"type":"error","error_type":"cancelled","message":"stopped"}'
     run.run(scripts.finish(settings, "x", "cancelled", {}, cancelled))
     assert run.run(
-        scripts.emit(settings, [("x", 1, TokenChunk(text="a", tokens=1).to_wire(), "a")])
-    ) == [[], ["x"], []]
+        scripts.emit(settings, [("x", 1, TokenChunk(text="a", tokens=1).to_wire())])
+    ) == [["x"], []]
+    assert run.run(
+        scripts.emit(settings, [("x", 2, TokenChunk(text="b", tokens=1).to_wire())])
+    ) == [["x"], []]
     assert [e["type"] for e in log(sync_redis, "x")] == ["started", "error"]
+    assert sync_redis.hget(keys.job("x"), "next_seq") == "2"
+    assert sync_redis.get(keys.job_text("x")) is None
 
 
-def test_emit_stops_a_cancelled_job_whose_worker_missed_the_cancel_message(
+def test_emit_for_an_unknown_job_leaves_no_key_behind(
+    run: SyncScripts, settings: Settings, sync_redis: redis.Redis
+) -> None:
+    chunk = TokenChunk(text="a", tokens=1).to_wire()
+    assert run.run(scripts.emit(settings, [("nobody", 1, chunk)])) == [["nobody"], []]
+    assert run.run(scripts.emit(settings, [("nobody", 0, chunk)])) == [["nobody"], []]
+    assert sync_redis.keys("*nobody*") == []
+
+
+def test_renew_stops_a_cancelled_job_whose_worker_missed_the_cancel_message(
     run: SyncScripts, settings: Settings, sync_redis: redis.Redis
 ) -> None:
     admit(run, settings, "x")
+    admit(run, settings, "y")
     run.run(scripts.start(settings, "x", "w1", started()))
+    run.run(scripts.start(settings, "y", "w1", started()))
     assert run.run(scripts.cancel(settings, "x")) == "cancelling"  # nobody heard the publish
     chunk = TokenChunk(text="a", tokens=1).to_wire()
-    assert run.run(scripts.emit(settings, [("x", 1, chunk, "a")])) == [["x"], [], []]
+    assert run.run(scripts.emit(settings, [("x", 1, chunk)])) == [[], []]
+    reply = scripts.parse_renew(run.run(scripts.renew(settings, ["x", "y"])))
+    assert reply == scripts.RenewReply(lost=[], cancelled=["x"])
     assert [e["type"] for e in log(sync_redis, "x")] == ["started", "token"]
 
 
@@ -170,7 +192,8 @@ def test_renew_extends_live_leases_and_reports_lost_ones(
     admit(run, settings, "dead")
     sync_redis.zadd(keys.leases(), {"dead": 0})
     before = sync_redis.zscore(keys.leases(), "live")
-    assert run.run(scripts.renew(settings, ["live", "dead"])) == ["dead"]
+    reply = scripts.parse_renew(run.run(scripts.renew(settings, ["live", "dead"])))
+    assert reply == scripts.RenewReply(lost=["dead"], cancelled=[])
     after = sync_redis.zscore(keys.leases(), "live")
     assert before is not None and after is not None
     assert after != before
@@ -194,14 +217,13 @@ def test_emit_applies_only_the_next_seq_so_resends_are_no_ops_and_gaps_refused(
     run.run(scripts.start(settings, "g", "w1", started()))
 
     def chunk(seq: int) -> scripts.EmitItem:
-        return ("g", seq, TokenChunk(text=str(seq), tokens=1).to_wire(), str(seq))
+        return ("g", seq, TokenChunk(text=str(seq), tokens=1).to_wire())
 
-    assert run.run(scripts.emit(settings, [chunk(1), chunk(2)])) == [[], [], []]
+    assert run.run(scripts.emit(settings, [chunk(1), chunk(2)])) == [[], []]
     # A resend after a lost reply, then the next event: applied once each.
-    assert run.run(scripts.emit(settings, [chunk(1), chunk(2), chunk(3)])) == [[], [], []]
+    assert run.run(scripts.emit(settings, [chunk(1), chunk(2), chunk(3)])) == [[], []]
     reply = scripts.parse_emit(run.run(scripts.emit(settings, [chunk(5), chunk(6)])))
     assert reply.resume_at == {"g": 4}
-    assert sync_redis.get(keys.job_text("g")) == "123"
     assert [e["seq"] for e in log(sync_redis, "g")] == [0, 1, 2, 3]
     done = Done(
         finish_reason="stop", usage=Usage(prompt_tokens=1, completion_tokens=3, total_tokens=4)

@@ -36,9 +36,7 @@ async def test_duplicates_of_replayed_events_do_not_trigger_more_replays(
     run.run(scripts.start(settings, "j", "w", Started(worker="w", prompt_tokens=1).to_wire()))
 
     def race() -> None:
-        chunks = [
-            ("j", i + 1, TokenChunk(text=f"{i} ", tokens=1).to_wire(), f"{i} ") for i in range(20)
-        ]
+        chunks = [("j", i + 1, TokenChunk(text=f"{i} ", tokens=1).to_wire()) for i in range(20)]
         run.run(scripts.emit(settings, chunks))
 
     def finish() -> None:

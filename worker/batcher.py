@@ -131,6 +131,8 @@ class Batcher:
     def _drop_stopped(self) -> None:
         for job in [j for j in self._running.values() if self._stopped(j)]:
             self._engine.remove(job.job_id)
+            if job.unsent_tokens:  # held by coalescing: its text and usage must agree
+                self._add_chunk(job, time.monotonic())
             self._end(job)
         for job in [j for j in self._waiting if self._stopped(j)]:
             self._waiting.remove(job)
@@ -176,19 +178,24 @@ class Batcher:
             # every completion token.
             pending = job.unsent_text or job.unsent_logprobs
             if (pending and due) or (last and job.unsent_tokens):
-                chunk = TokenChunk(
-                    text=job.unsent_text,
-                    tokens=job.unsent_tokens,
-                    logprobs=job.unsent_logprobs if job.params.logprobs is not None else None,
-                )
-                job.log.add(chunk.to_wire(), job.unsent_text)
-                job.unsent_text, job.unsent_tokens, job.last_sent_s = "", 0, now
-                job.unsent_logprobs = []
+                self._add_chunk(job, now)
             if job.finish_reason is not None:
                 ended.append(job)
         self._send()
         for job in ended:
             self._end(job)
+
+    @staticmethod
+    def _add_chunk(job: BatchJob, now: float) -> None:
+        """Number the job's unsent tokens as one chunk event in its log."""
+        chunk = TokenChunk(
+            text=job.unsent_text,
+            tokens=job.unsent_tokens,
+            logprobs=job.unsent_logprobs if job.params.logprobs is not None else None,
+        )
+        job.log.add(chunk.to_wire(), job.unsent_text)
+        job.unsent_text, job.unsent_tokens, job.last_sent_s = "", 0, now
+        job.unsent_logprobs = []
 
     def _logprob(self, token_id: int, logprob: Logprob) -> TokenLogprob:
         value, top = logprob

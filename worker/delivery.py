@@ -51,9 +51,14 @@ class JobLog:
         """Number an event (JSON without seq) and the text it appends to the job's text."""
         self.events.append((event, text))
 
+    @property
+    def text(self) -> str:
+        """The job's text: every event's, in order (FINISH stores it)."""
+        return "".join(text for _, text in self.events)
+
     def unacked(self) -> list[scripts.EmitItem]:
         return [
-            (self.job_id, seq, *self.events[seq - FIRST_SEQ])
+            (self.job_id, seq, self.events[seq - FIRST_SEQ][0])
             for seq in range(self.acked, self.next_seq)
         ]
 
@@ -109,8 +114,6 @@ class Courier:
             return False
         for job_log in logs:
             job_log.acked = reply.resume_at.get(job_log.job_id, sent[job_log.job_id])
-        for job_id in reply.cancelled:
-            self._active.request_stop(job_id, StopReason.CANCELLED)
         for job_id in reply.gone:
             self._active.request_stop(job_id, StopReason.LEASE_LOST)
         return True

@@ -3,10 +3,11 @@
 - Register the worker (model, capacity, heartbeat) so `/v1/models` lists its model, and
   publish the model's limits and tokenizer for admission checks (`shared.model_limits`).
 - Renew the leases of the jobs it runs, all in one round trip, every third of the lease
-  TTL, and run the lease reaper (ending jobs of dead workers and expired queued jobs).
-  A lease found expired means another process may already have declared the job lost:
-  the runner stops it at its next step. While renewals fail, a job whose lease ran out on
-  this process's clock (`ActiveJobs.lease_valid`) is stopped the same way.
+  TTL, stop the cancelled ones among them (a cancel message this process missed between
+  pub/sub connections), and run the lease reaper (ending jobs of dead workers and expired
+  queued jobs). A lease found expired means another process may already have declared the
+  job lost: the runner stops it at its next step. While renewals fail, a job whose lease ran
+  out on this process's clock (`ActiveJobs.lease_valid`) is stopped the same way.
 - Listen on the cancel channel and flag running jobs for a stop at their next step.
 """
 
@@ -77,12 +78,14 @@ class LeaseKeeper:
         job_ids = self._active.ids()
         if job_ids:
             sent_at = time.monotonic()
-            lost = self._scripts.run(scripts.renew(self._settings, job_ids))
-            renewed = [job_id for job_id in job_ids if job_id not in lost]
+            reply = scripts.parse_renew(self._scripts.run(scripts.renew(self._settings, job_ids)))
+            renewed = [job_id for job_id in job_ids if job_id not in reply.lost]
             self._active.lease_renewed(renewed, sent_at, self._settings.lease_ttl_s)
-            for job_id in lost:
+            for job_id in reply.lost:
                 log.warning("lease of job %s expired before renewal; stopping it", job_id)
                 self._active.request_stop(job_id, StopReason.LEASE_LOST)
+            for job_id in reply.cancelled:
+                self._active.request_stop(job_id, StopReason.CANCELLED)
         lost = self._scripts.run(scripts.reap(self._settings))
         if lost:
             fail_lost_jobs(self._rq_connection, lost, self._settings.result_ttl_s)

@@ -11,7 +11,7 @@ import uuid
 import redis
 from rq.exceptions import StopRequested
 
-from tokenrelay.shared import redis_connect
+from tokenrelay.shared import redis_connect, redis_version
 from tokenrelay.shared.model_limits import LimitsPublisher
 from tokenrelay.shared.rq_jobs import GENERATE_FUNCTION
 from tokenrelay.shared.script_runner import SyncScripts
@@ -27,7 +27,9 @@ from tokenrelay.worker.synthetic_engine import SyntheticEngine
 log = logging.getLogger(__name__)
 
 EXIT_MODEL_UNAVAILABLE = 2
+EXIT_REDIS_TOO_OLD = 3
 _RECONNECT_BACKOFF_S = 1.0
+_POOL_WAIT_S = 5.0
 
 
 def build_engine(settings: Settings) -> Engine:
@@ -71,6 +73,12 @@ def _deregister(worker: ConcurrentWorker) -> bool:
 def run_worker(settings: Settings, *, demo: bool = False) -> int:
     """Run until stopped (SIGTERM/SIGINT: finish the current job, then exit 0)."""
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
+    try:
+        with redis_connect.sync_client(settings) as client:
+            redis_version.check_sync(client, settings)
+    except redis_version.RedisTooOld as exc:
+        print(f"tokenrelay worker: {exc}", file=sys.stderr)
+        return EXIT_REDIS_TOO_OLD
     if demo:
         from tokenrelay.worker.demo_model import ensure_demo_model
 
@@ -92,8 +100,15 @@ def run_worker(settings: Settings, *, demo: bool = False) -> int:
         )
         return EXIT_MODEL_UNAVAILABLE
     name = f"tokenrelay-{uuid.uuid4().hex[:12]}"
-    connection = redis_connect.sync_client(settings)
-    scripts_client = redis_connect.sync_client(settings, decode_responses=True)
+    # Bounded pools: the job threads (up to `worker_concurrency`) share them, so a worker's
+    # connections stay within twice `TOKENRELAY_WORKER_REDIS_POOL_SIZE` whatever it runs.
+    pool_size = settings.worker_redis_pool_size
+    connection = redis_connect.sync_client(
+        settings, max_connections=pool_size, pool_wait_s=_POOL_WAIT_S
+    )
+    scripts_client = redis_connect.sync_client(
+        settings, max_connections=pool_size, pool_wait_s=_POOL_WAIT_S, decode_responses=True
+    )
     active = ActiveJobs()
     redis_scripts = SyncScripts(scripts_client)
     batcher = Batcher(engine, redis_scripts, settings, active)

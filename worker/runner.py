@@ -226,8 +226,10 @@ class JobRunner:
         """Send what the job's log lacks, then FINISH, until Redis took both or the lease ran
         out (then the reaper ends the job). Without a log (the batcher may still hold it, after
         RQ's job timeout) FINISH alone, unchecked. True if this call ended the job."""
-        final_seq = -1 if job_log is None else job_log.next_seq
-        call = scripts.finish(self._settings, job_id, status, fields, event.to_wire(), final_seq)
+        final_seq, text = (-1, None) if job_log is None else (job_log.next_seq, job_log.text)
+        call = scripts.finish(
+            self._settings, job_id, status, fields, event.to_wire(), final_seq, text
+        )
         backoff = Backoff()
         while True:
             if job_log is None or self._courier.send([job_log]):

@@ -57,6 +57,8 @@ class LoadStats:
     api_count: int
     ttft_s: list[float] = field(default_factory=list)
     itl_added_s: list[float] = field(default_factory=list)
+    chunk_gap_s: list[float] = field(default_factory=list)
+    chunk_tokens: list[int] = field(default_factory=list)
     samples: list[StreamSample] = field(default_factory=list)
     errors: Counter[str] = field(default_factory=Counter)
     streams_started: int = 0
@@ -283,6 +285,8 @@ class LoadGenerator:
                             stats.samples.append(StreamSample(job_id, api_index, sent_wall, wall))
                 elif window.holds(now):
                     stats.itl_added_s.append(now - previous - tokens * self._interval_s)
+                    stats.chunk_gap_s.append(now - previous)
+                    stats.chunk_tokens.append(tokens)
                 previous = now
                 if window.holds(now):
                     stats.tokens_by_api[api_index] += tokens

@@ -84,7 +84,7 @@ class LockstepPublisher:
         for offset in range(0, len(job_ids), self._batch_jobs):
             batch = job_ids[offset : offset + self._batch_jobs]
             events = [
-                (job_id, 1 + self._tokens_per_job - self._remaining[job_id], _TOKEN_EVENT, _WORD)
+                (job_id, 1 + self._tokens_per_job - self._remaining[job_id], _TOKEN_EVENT)
                 for job_id in batch
             ]
             await self._scripts.run(scripts.emit(self._settings, events))

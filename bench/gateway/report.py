@@ -79,6 +79,9 @@ def figures(r: LevelResult) -> Figures:
         "itl_added_p50_ms": percentile(itl_ms, 50),
         "itl_added_p99_ms": percentile(itl_ms, 99),
         "itl_added_max_ms": max(itl_ms, default=float("nan")),
+        "chunk_gap_p50_ms": percentile([1000 * t for t in r.stats.chunk_gap_s], 50),
+        "chunk_gap_p99_ms": percentile([1000 * t for t in r.stats.chunk_gap_s], 99),
+        "tokens_per_chunk": sum(r.stats.chunk_tokens) / max(1, len(r.stats.chunk_tokens)),
         "tokens": tokens,
         "tokens_per_s_per_api": tokens / wall_s / len(api_tokens),
         "api_cpu_pct": 100 * sum(r.api_cpu_s) / wall_s / len(r.api_cpu_s),
@@ -164,8 +167,9 @@ def phase_table(rows: list[Figures]) -> str:
 def redis_table(rows: list[Figures], top: int = 12) -> str:
     lines = [
         "| tok/s per stream | flush ms | streams | Redis calls per token, by command "
-        "| bytes in / out per token | Redis clients (max) | pub/sub omem max |",
-        "|" + "---|" * 7,
+        "| bytes in / out per token | Redis clients (max) | pub/sub omem max "
+        "| a reader's gap between chunks p50 / p99 ms (tokens per chunk) |",
+        "|" + "---|" * 8,
     ]
     for f in rows:
         calls = f["calls_per_token"]
@@ -174,7 +178,9 @@ def redis_table(rows: list[Figures], top: int = 12) -> str:
         lines.append(
             _head(f) + f"| {parts} "
             f"| {f['redis_in_bytes_per_token']:.0f} / {f['redis_out_bytes_per_token']:.0f} "
-            f"| {f['redis_clients_max']} | {f['pubsub_omem_max_bytes']:,} |"
+            f"| {f['redis_clients_max']} | {f['pubsub_omem_max_bytes']:,} "
+            f"| {_pair(f, 'chunk_gap_p50_ms', 'chunk_gap_p99_ms')} "
+            f"({f['tokens_per_chunk']:.1f}) |"
         )
     return "\n".join(lines)
 

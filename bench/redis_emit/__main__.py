@@ -5,13 +5,14 @@ draining every job channel as an API process would, and prints Redis CPU and com
 event for several jobs-per-call batch sizes (a real engine's decoding step carries every
 running job, so one EMIT call carries one event per job).
 
-- `current`: `tokenrelay.shared.scripts.EMIT` — per event HMGET status, cancel flag and
-  next_seq (the event applies only as the job's next seq), HSET next_seq, XADD, PUBLISH,
-  APPEND text.
-- `lean` (a proposal, not used by tokenrelay): per event XADD with an auto sequence
-  (`1-*`, Redis >= 7.0; the entry id carries `seq`) and PUBLISH. A job that has ended is
-  detected by XADD failing, because ending a job would `XSETID` its log to `2-0`; the job
-  text is written once when the job ends instead of appended per event.
+- `current`: `tokenrelay.shared.scripts.EMIT` — per event HINCRBY next_seq (the event
+  applies only as the job's next seq; the reply is the check), XADD (refused once the job
+  ended: its log is closed), PUBLISH; no text (FINISH stores it whole).
+- `issue-13`: EMIT as issue 13 landed it (`PREVIOUS_EMIT_BODY` on today's library), for
+  the ratio in the same run — per event HMGET status, cancel flag and next_seq, HSET
+  next_seq, XADD, PUBLISH, APPEND.
+- `lean` (the floor, not used by tokenrelay: no resend or gap check): per event XADD with
+  an auto sequence (`1-*`, Redis >= 7.0; the entry id carries `seq`) and PUBLISH, no text.
 
     .venv/bin/python -m bench.redis_emit [--seconds 3] [--batch 1,8,64]
 """
@@ -55,6 +56,40 @@ end
 return stopped
 """
 
+PREVIOUS_EMIT_BODY = r"""
+local cancelled, gone, behind, refused, flagged = {}, {}, {}, {}, {}
+for i = 27, #ARGV, 4 do
+  local id = ARGV[i]
+  if not refused[id] then
+    local h = key(T_HASH, id)
+    local status, cancelling, next_seq = unpack(redis.call('HMGET', h, F_STATUS,
+      F_CANCEL_REQUESTED, F_NEXT_SEQ))
+    local seq = tonumber(ARGV[i + 1])
+    if status ~= S_RUNNING then
+      refused[id] = true
+      table.insert(gone, id)
+    elseif seq > tonumber(next_seq) then
+      refused[id] = true
+      table.insert(behind, id)
+      table.insert(behind, tonumber(next_seq))
+    else
+      if seq == tonumber(next_seq) then
+        redis.call('HSET', h, F_NEXT_SEQ, seq + 1)
+        append(id, seq, ARGV[i + 2])
+        if ARGV[i + 3] ~= '' then
+          redis.call('APPEND', key(T_TEXT, id), ARGV[i + 3])
+        end
+      end
+      if cancelling and not flagged[id] then
+        flagged[id] = true
+        table.insert(cancelled, id)
+      end
+    end
+  end
+end
+return {cancelled, gone, behind}
+"""
+
 _EVENT = '{"type":"token","text":"lorem ","tokens":1}'
 
 
@@ -87,7 +122,7 @@ def measure(
 ) -> tuple[float, float, float]:
     """(Redis CPU µs per event, Redis commands per event, events per second)."""
     job_ids = [uuid.uuid4().hex for _ in range(batch)]
-    running: dict[FieldT, EncodableT] = {JobField.STATUS: JobStatus.RUNNING, JobField.NEXT_SEQ: 0}
+    running: dict[FieldT, EncodableT] = {JobField.STATUS: JobStatus.RUNNING, JobField.NEXT_SEQ: 1}
     for job_id in job_ids:
         client.hset(keys.job(job_id), mapping=running)
     stop = threading.Event()
@@ -96,14 +131,23 @@ def measure(
     drainer.start()
     time.sleep(0.2)
     send: Callable[[], object]
-    if variant == "current":
-        script = client.register_script(scripts.EMIT)
-        sent = itertools.count()
+    if variant in ("current", "issue-13"):
+        library = scripts.EMIT[: scripts.EMIT.index("-- EMIT:")]
+        source = scripts.EMIT if variant == "current" else library + PREVIOUS_EMIT_BODY
+        script = client.register_script(source)
+        sent = itertools.count(1)
 
         def send() -> object:
             seq = next(sent)  # EMIT applies each job's next seq only
-            call = scripts.emit(settings, [(job_id, seq, _EVENT, "lorem ") for job_id in job_ids])
-            return script(keys=call.keys, args=call.args)
+            call = scripts.emit(settings, [(job_id, seq, _EVENT) for job_id in job_ids])
+            args = call.args
+            if variant == "issue-13":  # quadruples: its text delta after each event
+                header, items = args[: scripts.LIBRARY_ARGC], args[scripts.LIBRARY_ARGC :]
+                args = [
+                    *header,
+                    *(p for i in range(0, len(items), 3) for p in (*items[i : i + 3], "lorem ")),
+                ]
+            return script(keys=call.keys, args=args)
 
     else:
         script = client.register_script(LEAN_EMIT)
@@ -138,7 +182,7 @@ def main(argv: list[str] | None = None) -> int:
     with EmbeddedRedis() as server:
         client = redis.Redis.from_url(server.url, decode_responses=True)
         for batch in (int(b) for b in args.batch.split(",")):
-            for variant in ("current", "lean"):
+            for variant in ("issue-13", "current", "lean"):
                 cpu_us, commands, rate = measure(
                     client, server.port, batch, args.seconds, variant, settings
                 )

@@ -1,40 +1,48 @@
 -- EMIT: the job library's KEYS and ARGV[1..26] (library.lua), then
--- ARGV[27..] quadruples: job id, seq, event (JSON without seq), text to append to the job's
--- text. The running job's worker numbers its events; an event is applied only when its seq
+-- ARGV[27..] triples: job id, seq, event (JSON without seq). The running job's worker numbers its events; an event is applied only when its seq
 -- is the job's next (F_NEXT_SEQ): a resend of an applied one is a no-op, and a gap (the log
 -- lost events, e.g. Redis restarted from an AOF without its last second) is refused, with
 -- the seq the worker must resend from. Events of jobs no longer running are dropped.
--- Returns {ids of jobs asked to stop (a cancel is also announced on the cancel channel, but
--- a worker between pub/sub connections misses it: it still stops the job here), ids of jobs
--- no longer running, {id, next seq} flattened for jobs whose log has a gap}.
-local cancelled, gone, behind, refused, flagged = {}, {}, {}, {}, {}
-for i = 27, #ARGV, 4 do
+-- An applied event costs HINCRBY (it reads and advances F_NEXT_SEQ at once), XADD and
+-- PUBLISH; the job's text is not written here but whole by FINISH (readers of a running job
+-- join the texts of its log: `api.job_record`). The job's status is not
+-- read on this path: a job that ended has a closed log (`finish` in library.lua), which
+-- refuses the XADD. Only a seq that is not the next one reads it (and undoes the HINCRBY).
+-- A cancel that a worker between pub/sub connections missed is found by RENEW.
+-- Returns {ids of jobs no longer running, {id, next seq} flattened for jobs whose log has a
+-- gap}.
+local gone, behind, refused = {}, {}, {}
+
+-- A seq that is not the job's next: gone, a gap, or (else) a resend that is a no-op.
+local function refuse(id, h, next_seq, seq)
+  local status = redis.call('HGET', h, F_STATUS)
+  if status ~= S_RUNNING then
+    if not status then
+      redis.call('DEL', h)  -- the HINCRBY made the hash of an unknown job
+    end
+    refused[id] = true
+    table.insert(gone, id)
+  elseif seq > next_seq then
+    refused[id] = true
+    table.insert(behind, id)
+    table.insert(behind, next_seq)
+  end
+end
+
+for i = 27, #ARGV, 3 do
   local id = ARGV[i]
   if not refused[id] then
     local h = key(T_HASH, id)
-    local status, cancelling, next_seq = unpack(redis.call('HMGET', h, F_STATUS,
-      F_CANCEL_REQUESTED, F_NEXT_SEQ))
     local seq = tonumber(ARGV[i + 1])
-    if status ~= S_RUNNING then
+    local next_seq = redis.call('HINCRBY', h, F_NEXT_SEQ, 1) - 1
+    if next_seq ~= seq or seq == 0 then  -- seq 0 is START's, never EMIT's
+      redis.call('HINCRBY', h, F_NEXT_SEQ, -1)
+      refuse(id, h, next_seq, seq)
+    elseif not append(id, seq, ARGV[i + 2]) then
+      redis.call('HINCRBY', h, F_NEXT_SEQ, -1)
       refused[id] = true
       table.insert(gone, id)
-    elseif seq > tonumber(next_seq) then
-      refused[id] = true
-      table.insert(behind, id)
-      table.insert(behind, tonumber(next_seq))
-    else
-      if seq == tonumber(next_seq) then
-        redis.call('HSET', h, F_NEXT_SEQ, seq + 1)
-        append(id, seq, ARGV[i + 2])
-        if ARGV[i + 3] ~= '' then
-          redis.call('APPEND', key(T_TEXT, id), ARGV[i + 3])
-        end
-      end
-      if cancelling and not flagged[id] then
-        flagged[id] = true
-        table.insert(cancelled, id)
-      end
     end
   end
 end
-return {cancelled, gone, behind}
+return {gone, behind}

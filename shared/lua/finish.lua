@@ -2,9 +2,11 @@
 -- ARGV[27] job id, ARGV[28] terminal status, ARGV[29] hash fields (JSON object),
 -- ARGV[30] final event (JSON without seq), ARGV[31] the seq the final event must get
 -- (-1: any; the job's worker passes its count of events, so a log that lost some of them is
--- never closed). Returns 1 if this call ended the job (or a resend of it finds the job ended
--- so: that status, its final event at that seq), 0 if it was already terminal otherwise or
--- is unknown, -1 if the job still runs and its log lacks events below that seq.
+-- never closed), ARGV[32] (optional) the job's whole text, stored when this call ends it
+-- (EMIT writes none: its worker holds it). Returns 1 if this call ended the job (or a resend
+-- of it finds the job ended so: that status, its final event at that seq), 0 if it was
+-- already terminal otherwise or is unknown, -1 if the job still runs and its log lacks events
+-- below that seq.
 local id, status, expected = ARGV[27], ARGV[28], tonumber(ARGV[31])
 if expected >= 0 then
   local current, next_seq = unpack(redis.call('HMGET', key(T_HASH, id), F_STATUS, F_NEXT_SEQ))
@@ -16,4 +18,7 @@ if expected >= 0 then
   end
 end
 local done = finish(id, status, cjson.decode(ARGV[29]), ARGV[30])
+if done and ARGV[32] then
+  redis.call('SET', key(T_TEXT, id), ARGV[32], 'EX', RESULT_TTL)
+end
 return done and 1 or 0

@@ -36,11 +36,18 @@ local function key(template, id)
 end
 
 -- Append `event` as number `seq` to the job's log and publish it (the caller advanced
--- F_NEXT_SEQ past it).
+-- F_NEXT_SEQ past it). Entry ids are `1-<seq>`; `finish` closes the log by moving its last
+-- id to CLOSED_LOG_ID, so an event for an ended job is refused here: returns false then.
+local CLOSED_LOG_ID = '2-0'
 local function append(id, seq, event)
   local payload = '{"seq":' .. seq .. ',' .. string.sub(event, 2)
-  redis.call('XADD', key(T_LOG, id), 'MAXLEN', '~', LOG_MAXLEN, '1-' .. seq, 'e', payload)
+  local added = redis.pcall('XADD', key(T_LOG, id), 'MAXLEN', '~', LOG_MAXLEN, '1-' .. seq,
+    'e', payload)
+  if type(added) == 'table' and added.err then
+    return false
+  end
   redis.call('PUBLISH', key(T_CHAN, id), payload)
+  return true
 end
 
 -- Append `event` as the job's next event; returns its seq.
@@ -70,6 +77,7 @@ local function finish(id, status, fields, event)
     redis.call('HSET', h, field, tostring(value))
   end
   emit(id, event)
+  redis.call('XSETID', key(T_LOG, id), CLOSED_LOG_ID)
   webhook(id, 'completed')
   redis.call('ZREM', LEASES, id)
   local owner_jobs = redis.call('HGET', h, F_OWNER_JOBS)

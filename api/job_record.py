@@ -1,0 +1,28 @@
+"""Read a job's record: its hash and its text.
+
+A worker's FINISH stores the whole text when it ends the job; EMIT writes none per event.
+So the text of a job still running, or one ended by another process (the lease reaper, a
+cancel before start), is the texts of its event log's token chunks, joined.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import redis.asyncio
+
+from tokenrelay.shared import keys
+from tokenrelay.shared.events import TokenChunk, parse_event
+
+
+async def read_job(client: redis.asyncio.Redis, job_id: str) -> tuple[dict[str, str], str]:
+    """The job's hash (empty when unknown) and its text so far, or final."""
+    async with client.pipeline(transaction=False) as pipe:
+        pipe.hgetall(keys.job(job_id))
+        pipe.get(keys.job_text(job_id))
+        fields, text = await pipe.execute()
+    if text is None and fields:
+        entries: Any = await client.xrange(keys.job_events(job_id))
+        chunks = (parse_event(entry["e"]) for _, entry in entries)
+        text = "".join(chunk.text for chunk in chunks if isinstance(chunk, TokenChunk))
+    return fields, text or ""
