@@ -8,9 +8,14 @@ running job, so one EMIT call carries one event per job).
 - `current`: `tokenrelay.shared.scripts.EMIT` — per event HINCRBY next_seq (the event
   applies only as the job's next seq; the reply is the check), XADD (refused once the job
   ended: its log is closed), PUBLISH; no text (FINISH stores it whole).
-- `issue-13`: EMIT as issue 13 landed it (`PREVIOUS_EMIT_BODY` on today's library), for
-  the ratio in the same run — per event HMGET status, cancel flag and next_seq, HSET
-  next_seq, XADD, PUBLISH, APPEND.
+- `stream-seq` (a candidate, not used by tokenrelay: `STREAM_SEQ_EMIT_BODY`): per event XADD
+  `1-*` NOMKSTREAM (the log numbers the event; kept only when that is the worker's seq) and
+  PUBLISH, no HINCRBY. A resend or a gap must undo its XADD with XDEL and XSETID back, which
+  Valkey refuses ("smaller than current max_deleted_entry_id"; Redis 7.0 allows it), so it
+  cannot replace `current` while the embedded server is Valkey.
+- `issue-13`: EMIT as issue 13 landed it (`PREVIOUS_EMIT_BODY` on today's library and
+  `PREVIOUS_APPEND`), for the ratio in the same run — per event HMGET status, cancel flag
+  and next_seq, HSET next_seq, XADD, PUBLISH, APPEND.
 - `lean` (the floor, not used by tokenrelay: no resend or gap check): per event XADD with
   an auto sequence (`1-*`, Redis >= 7.0; the entry id carries `seq`) and PUBLISH, no text.
 
@@ -56,6 +61,51 @@ end
 return stopped
 """
 
+PREVIOUS_APPEND = r"""
+local function append(id, seq, event)
+  local payload = '{"seq":' .. seq .. ',' .. string.sub(event, 2)
+  local added = redis.pcall('XADD', key(T_LOG, id), 'MAXLEN', '~', LOG_MAXLEN, '1-' .. seq,
+    'e', payload)
+  if type(added) == 'table' and added.err then
+    return false
+  end
+  redis.call('PUBLISH', key(T_CHAN, id), payload)
+  return true
+end
+"""
+
+STREAM_SEQ_EMIT_BODY = r"""
+local gone, behind, refused = {}, {}, {}
+
+for i = 27, #ARGV, 3 do
+  local id = ARGV[i]
+  if not refused[id] then
+    local log, seq = key(T_LOG, id), tonumber(ARGV[i + 1])
+    local payload = '{"seq":' .. seq .. ',' .. string.sub(ARGV[i + 2], 2)
+    local added = redis.pcall('XADD', log, 'NOMKSTREAM', 'MAXLEN', '~', LOG_MAXLEN, '1-*',
+      'e', payload)
+    if type(added) ~= 'string' then  -- no log, or a closed one
+      refused[id] = true
+      table.insert(gone, id)
+    else
+      local next_seq = tonumber(string.sub(added, 3))
+      if next_seq == seq then
+        redis.call('PUBLISH', key(T_CHAN, id), payload)
+      else
+        redis.call('XDEL', log, added)
+        redis.call('XSETID', log, '1-' .. (next_seq - 1))
+        if seq > next_seq then
+          refused[id] = true
+          table.insert(behind, id)
+          table.insert(behind, next_seq)
+        end
+      end
+    end
+  end
+end
+return {gone, behind}
+"""
+
 PREVIOUS_EMIT_BODY = r"""
 local cancelled, gone, behind, refused, flagged = {}, {}, {}, {}, {}
 for i = 27, #ARGV, 4 do
@@ -90,6 +140,11 @@ end
 return {cancelled, gone, behind}
 """
 
+_BODIES: dict[str, str | None] = {
+    "issue-13": PREVIOUS_EMIT_BODY,
+    "current": None,
+    "stream-seq": STREAM_SEQ_EMIT_BODY,
+}
 _EVENT = '{"type":"token","text":"lorem ","tokens":1}'
 
 
@@ -125,15 +180,17 @@ def measure(
     running: dict[FieldT, EncodableT] = {JobField.STATUS: JobStatus.RUNNING, JobField.NEXT_SEQ: 1}
     for job_id in job_ids:
         client.hset(keys.job(job_id), mapping=running)
+        client.xadd(keys.job_events(job_id), {"e": _EVENT}, id="1-0")  # START's event
     stop = threading.Event()
     channels = [keys.job_channel(job_id) for job_id in job_ids]
     drainer = threading.Thread(target=_drain, args=(port, channels, stop), daemon=True)
     drainer.start()
     time.sleep(0.2)
     send: Callable[[], object]
-    if variant in ("current", "issue-13"):
+    if variant in _BODIES:
         library = scripts.EMIT[: scripts.EMIT.index("-- EMIT:")]
-        source = scripts.EMIT if variant == "current" else library + PREVIOUS_EMIT_BODY
+        body = _BODIES[variant]
+        source = scripts.EMIT if body is None else library + PREVIOUS_APPEND + body
         script = client.register_script(source)
         sent = itertools.count(1)
 
@@ -182,7 +239,7 @@ def main(argv: list[str] | None = None) -> int:
     with EmbeddedRedis() as server:
         client = redis.Redis.from_url(server.url, decode_responses=True)
         for batch in (int(b) for b in args.batch.split(",")):
-            for variant in ("issue-13", "current", "lean"):
+            for variant in (*_BODIES, "lean"):
                 cpu_us, commands, rate = measure(
                     client, server.port, batch, args.seconds, variant, settings
                 )
