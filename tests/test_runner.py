@@ -375,7 +375,6 @@ def test_events_redis_lost_after_acknowledging_them_are_sent_again(
             sync_redis.delete(keys.job_events("j"))
             for entry_id, fields in kept:
                 sync_redis.xadd(keys.job_events("j"), fields, id=entry_id)
-            sync_redis.hset(keys.job("j"), "next_seq", 5)
             sync_redis.set(keys.job_text("j"), text[:4])
 
     engine = ScriptedEngine({"j": text}, on_step=forget_tail)

@@ -5,14 +5,11 @@ draining every job channel as an API process would, and prints Redis CPU and com
 event for several jobs-per-call batch sizes (a real engine's decoding step carries every
 running job, so one EMIT call carries one event per job).
 
-- `current`: `tokenrelay.shared.scripts.EMIT` — per event HINCRBY next_seq (the event
-  applies only as the job's next seq; the reply is the check), XADD (refused once the job
-  ended: its log is closed), PUBLISH; no text (FINISH stores it whole).
-- `stream-seq` (a candidate, not used by tokenrelay: `STREAM_SEQ_EMIT_BODY`): per event XADD
-  `1-*` NOMKSTREAM (the log numbers the event; kept only when that is the worker's seq) and
-  PUBLISH, no HINCRBY. A resend or a gap must undo its XADD with XDEL and XSETID back, which
-  Valkey refuses ("smaller than current max_deleted_entry_id"; Redis 7.0 allows it), so it
-  cannot replace `current` while the embedded server is Valkey.
+- `current`: `tokenrelay.shared.scripts.EMIT` — per event XADD `1-*` NOMKSTREAM (the log
+  numbers the event; it is kept only when that is the worker's seq, and refused once the job
+  ended: its log is closed) and PUBLISH; no text (FINISH stores it whole).
+- `issue-16a`: EMIT as issue 16's first pass landed it (`ISSUE_16A_EMIT_BODY`), for the
+  ratio in the same run — per event HINCRBY next_seq, XADD, PUBLISH.
 - `issue-13`: EMIT as issue 13 landed it (`PREVIOUS_EMIT_BODY` on today's library and
   `PREVIOUS_APPEND`), for the ratio in the same run — per event HMGET status, cancel flag
   and next_seq, HSET next_seq, XADD, PUBLISH, APPEND.
@@ -74,32 +71,38 @@ local function append(id, seq, event)
 end
 """
 
-STREAM_SEQ_EMIT_BODY = r"""
+ISSUE_16A_EMIT_BODY = r"""
 local gone, behind, refused = {}, {}, {}
+
+-- A seq that is not the job's next: gone, a gap, or (else) a resend that is a no-op.
+local function refuse(id, h, next_seq, seq)
+  local status = redis.call('HGET', h, F_STATUS)
+  if status ~= S_RUNNING then
+    if not status then
+      redis.call('DEL', h)  -- the HINCRBY made the hash of an unknown job
+    end
+    refused[id] = true
+    table.insert(gone, id)
+  elseif seq > next_seq then
+    refused[id] = true
+    table.insert(behind, id)
+    table.insert(behind, next_seq)
+  end
+end
 
 for i = 27, #ARGV, 3 do
   local id = ARGV[i]
   if not refused[id] then
-    local log, seq = key(T_LOG, id), tonumber(ARGV[i + 1])
-    local payload = '{"seq":' .. seq .. ',' .. string.sub(ARGV[i + 2], 2)
-    local added = redis.pcall('XADD', log, 'NOMKSTREAM', 'MAXLEN', '~', LOG_MAXLEN, '1-*',
-      'e', payload)
-    if type(added) ~= 'string' then  -- no log, or a closed one
+    local h = key(T_HASH, id)
+    local seq = tonumber(ARGV[i + 1])
+    local next_seq = redis.call('HINCRBY', h, F_NEXT_SEQ, 1) - 1
+    if next_seq ~= seq or seq == 0 then  -- seq 0 is START's, never EMIT's
+      redis.call('HINCRBY', h, F_NEXT_SEQ, -1)
+      refuse(id, h, next_seq, seq)
+    elseif not append(id, seq, ARGV[i + 2]) then
+      redis.call('HINCRBY', h, F_NEXT_SEQ, -1)
       refused[id] = true
       table.insert(gone, id)
-    else
-      local next_seq = tonumber(string.sub(added, 3))
-      if next_seq == seq then
-        redis.call('PUBLISH', key(T_CHAN, id), payload)
-      else
-        redis.call('XDEL', log, added)
-        redis.call('XSETID', log, '1-' .. (next_seq - 1))
-        if seq > next_seq then
-          refused[id] = true
-          table.insert(behind, id)
-          table.insert(behind, next_seq)
-        end
-      end
     end
   end
 end
@@ -142,8 +145,8 @@ return {cancelled, gone, behind}
 
 _BODIES: dict[str, str | None] = {
     "issue-13": PREVIOUS_EMIT_BODY,
+    "issue-16a": ISSUE_16A_EMIT_BODY,
     "current": None,
-    "stream-seq": STREAM_SEQ_EMIT_BODY,
 }
 _EVENT = '{"type":"token","text":"lorem ","tokens":1}'
 

@@ -27,7 +27,7 @@ end
 redis.call('ZADD', LEASES, now + lease_ms, id)
 redis.call('SADD', KEYS[4], id)
 redis.call('HSET', key(T_HASH, id), F_STATUS, S_QUEUED, F_OWNER, ARGV[30], F_MODEL, ARGV[31],
-  F_CREATED_AT, stamp, F_NEXT_SEQ, 0, F_OWNER_JOBS, KEYS[4])
+  F_CREATED_AT, stamp, F_OWNER_JOBS, KEYS[4])
 redis.call('LPUSH', KEYS[2], id)
 redis.call('LTRIM', KEYS[2], 0, tonumber(ARGV[33]) - 1)
 return {1, in_flight + 1, unpack(lost)}

@@ -1,47 +1,57 @@
 -- EMIT: the job library's KEYS and ARGV[1..26] (library.lua), then
--- ARGV[27..] triples: job id, seq, event (JSON without seq). The running job's worker numbers its events; an event is applied only when its seq
--- is the job's next (F_NEXT_SEQ): a resend of an applied one is a no-op, and a gap (the log
--- lost events, e.g. Redis restarted from an AOF without its last second) is refused, with
--- the seq the worker must resend from. Events of jobs no longer running are dropped.
--- An applied event costs HINCRBY (it reads and advances F_NEXT_SEQ at once), XADD and
--- PUBLISH; the job's text is not written here but whole by FINISH (readers of a running job
--- join the texts of its log: `api.job_record`). The job's status is not
--- read on this path: a job that ended has a closed log (`finish` in library.lua), which
--- refuses the XADD. Only a seq that is not the next one reads it (and undoes the HINCRBY).
--- A cancel that a worker between pub/sub connections missed is found by RENEW.
+-- ARGV[27..] triples: job id, seq, event (JSON without seq). The running job's worker numbers
+-- its events; the job's log numbers its entries `1-<seq>` (library.lua), so an event is
+-- appended with the id `1-*`, which the stream numbers as its next seq, and is kept only when
+-- that is the worker's seq: a resend of an applied one is a no-op, and a gap (the log lost
+-- events, e.g. Redis restarted from an AOF without its last second) is refused, with the seq
+-- the worker must resend from; either undoes the XADD (rare). Events of jobs no longer
+-- running are dropped: an ended job's log is closed (`finish`), which refuses the XADD, and a
+-- job that never started has no log (NOMKSTREAM). An applied event costs XADD and PUBLISH;
+-- the job's hash is not read, and its text is written whole by FINISH (readers of a running
+-- job join the texts of its log: `api.job_record`). A cancel that a worker between pub/sub
+-- connections missed is found by RENEW.
 -- Returns {ids of jobs no longer running, {id, next seq} flattened for jobs whose log has a
 -- gap}.
-local gone, behind, refused = {}, {}, {}
+local gone, behind, refused, expect = {}, {}, {}, {}
 
--- A seq that is not the job's next: gone, a gap, or (else) a resend that is a no-op.
-local function refuse(id, h, next_seq, seq)
-  local status = redis.call('HGET', h, F_STATUS)
-  if status ~= S_RUNNING then
-    if not status then
-      redis.call('DEL', h)  -- the HINCRBY made the hash of an unknown job
+-- Make `last` the log's last id again, after an XADD it refused was XDELed. Valkey refuses
+-- an XSETID below the stream's max deleted id: there the log is rebuilt without that entry.
+local function rewind(log, last)
+  local set = redis.pcall('XSETID', log, last)
+  if type(set) == 'table' and set.err then
+    local entries = redis.call('XRANGE', log, '-', '+')
+    redis.call('DEL', log)
+    for _, entry in ipairs(entries) do
+      redis.call('XADD', log, entry[1], unpack(entry[2]))
     end
-    refused[id] = true
-    table.insert(gone, id)
-  elseif seq > next_seq then
-    refused[id] = true
-    table.insert(behind, id)
-    table.insert(behind, next_seq)
   end
 end
 
 for i = 27, #ARGV, 3 do
   local id = ARGV[i]
-  if not refused[id] then
-    local h = key(T_HASH, id)
-    local seq = tonumber(ARGV[i + 1])
-    local next_seq = redis.call('HINCRBY', h, F_NEXT_SEQ, 1) - 1
-    if next_seq ~= seq or seq == 0 then  -- seq 0 is START's, never EMIT's
-      redis.call('HINCRBY', h, F_NEXT_SEQ, -1)
-      refuse(id, h, next_seq, seq)
-    elseif not append(id, seq, ARGV[i + 2]) then
-      redis.call('HINCRBY', h, F_NEXT_SEQ, -1)
+  local seq = tonumber(ARGV[i + 1])
+  if not refused[id] and not (expect[id] and seq < expect[id]) then  -- not a known resend
+    local log = key(T_LOG, id)
+    local payload = '{"seq":' .. seq .. ',' .. string.sub(ARGV[i + 2], 2)
+    local added = redis.pcall('XADD', log, 'NOMKSTREAM', 'MAXLEN', '~', LOG_MAXLEN, '1-*',
+      'e', payload)
+    if type(added) ~= 'string' then  -- no log, or a closed one
       refused[id] = true
       table.insert(gone, id)
+    else
+      local next_seq = tonumber(string.sub(added, 3))
+      if next_seq == seq then
+        redis.call('PUBLISH', key(T_CHAN, id), payload)
+      else
+        redis.call('XDEL', log, added)
+        rewind(log, '1-' .. (next_seq - 1))
+        expect[id] = next_seq
+        if seq > next_seq then
+          refused[id] = true
+          table.insert(behind, id)
+          table.insert(behind, next_seq)
+        end
+      end
     end
   end
 end

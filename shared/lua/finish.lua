@@ -9,11 +9,11 @@
 -- below that seq.
 local id, status, expected = ARGV[27], ARGV[28], tonumber(ARGV[31])
 if expected >= 0 then
-  local current, next_seq = unpack(redis.call('HMGET', key(T_HASH, id), F_STATUS, F_NEXT_SEQ))
-  if current == S_RUNNING and tonumber(next_seq) < expected then
+  local current, next = redis.call('HGET', key(T_HASH, id), F_STATUS), next_seq(id)
+  if current == S_RUNNING and next < expected then
     return -1
   end
-  if current == status and tonumber(next_seq) == expected + 1 then
+  if current == status and next == expected + 1 then
     return 1
   end
 end

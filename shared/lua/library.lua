@@ -35,26 +35,21 @@ local function key(template, id)
   return (string.gsub(template, '{id}', id))
 end
 
--- Append `event` as number `seq` to the job's log and publish it (the caller advanced
--- F_NEXT_SEQ past it). Entry ids are `1-<seq>`; `finish` closes the log by moving its last
--- id to CLOSED_LOG_ID, so an event for an ended job is refused here: returns false then.
-local CLOSED_LOG_ID = '2-0'
-local function append(id, seq, event)
-  local payload = '{"seq":' .. seq .. ',' .. string.sub(event, 2)
-  local added = redis.pcall('XADD', key(T_LOG, id), 'MAXLEN', '~', LOG_MAXLEN, '1-' .. seq,
-    'e', payload)
-  if type(added) == 'table' and added.err then
-    return false
-  end
-  redis.call('PUBLISH', key(T_CHAN, id), payload)
-  return true
+-- The seq of the job's next event: its log's entry ids are `1-<seq>` (0 when it has none).
+-- EMIT (emit.lua) keeps the last entry's id the log's last id: it undoes an XADD it refuses.
+local function next_seq(id)
+  local last = redis.call('XREVRANGE', key(T_LOG, id), '+', '-', 'COUNT', 1)[1]
+  return last and tonumber(string.sub(last[1], 3)) + 1 or 0
 end
 
--- Append `event` as the job's next event; returns its seq.
+-- Append `event` as the job's next event and publish it. `finish` closes the log by moving
+-- its last id to CLOSED_LOG_ID, so EMIT refuses any later event.
+local CLOSED_LOG_ID = '2-0'
 local function emit(id, event)
-  local seq = redis.call('HINCRBY', key(T_HASH, id), F_NEXT_SEQ, 1) - 1
-  append(id, seq, event)
-  return seq
+  local seq = next_seq(id)
+  local payload = '{"seq":' .. seq .. ',' .. string.sub(event, 2)
+  redis.call('XADD', key(T_LOG, id), 'MAXLEN', '~', LOG_MAXLEN, '1-' .. seq, 'e', payload)
+  redis.call('PUBLISH', key(T_CHAN, id), payload)
 end
 
 -- Queue a webhook delivery of `event` ('start' or 'completed') if the job's filter has it.
