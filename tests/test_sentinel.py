@@ -146,3 +146,53 @@ def test_failover_mid_traffic_is_followed_and_loses_no_accepted_job(
         f"readyz 503 samples: {sum(code != 200 for _, code in traffic.ready)}; "
         f"statuses {statuses}"
     )
+
+
+HUNG_PRIMARY_BOUND_S = 45.0
+"""After the sentinels promote the replica of a primary that hangs, the worker takes a new job
+within this: its calls to the hung server time out (the worker's socket timeout) and the
+next connection reaches the new primary."""
+
+
+def test_worker_leaves_a_primary_that_hangs(
+    group: EmbeddedSentinel, make_cluster: ClusterFactory
+) -> None:
+    """A frozen primary (SIGSTOP) never closes its connections nor answers on them: a worker
+    blocked on one (RQ's dequeue, a lease renewal) must give up on it, or it stops taking jobs
+    and every job queued on the new primary expires."""
+    settings = {
+        "TOKENRELAY_REDIS_SENTINELS": group.sentinels,
+        "TOKENRELAY_REDIS_SENTINEL_MASTER": SERVICE,
+        "TOKENRELAY_LEASE_TTL_S": "6",
+        "TOKENRELAY_MAX_QUEUE_WAIT_S": "120",
+        "OMP_NUM_THREADS": "1",
+    }
+    cluster: Cluster = make_cluster(settings, redis_url=group.url, workers=1)
+    worker = next(c for c in cluster.group.children if c.name == "worker")
+    old = group.primary_port()
+    try:
+        with httpx.Client(base_url=cluster.base_url, timeout=30) as http:
+            first = http.post("/v1/jobs", json=SHORT).json()["id"]
+            eventually(
+                lambda: http.get(f"/v1/jobs/{first}").json()["status"] == "succeeded",
+                60,
+                "a job before the hang",
+            )
+        group.servers[0].pause()
+        group.promoted(old)
+        cluster.start_api()  # a fresh API: the first one's pooled connections hang as well
+        with httpx.Client(base_url=cluster.base_url, timeout=30) as http:
+            job_id = http.post("/v1/jobs", json=SHORT).json()["id"]
+            eventually(
+                lambda: http.get(f"/v1/jobs/{job_id}").json()["status"] != "queued",
+                HUNG_PRIMARY_BOUND_S,
+                "the worker to take a job from the new primary",
+            )
+            eventually(
+                lambda: http.get(f"/v1/jobs/{job_id}").json()["status"] == "succeeded",
+                60,
+                "the job to succeed",
+            )
+        assert worker.running()
+    finally:
+        group.servers[0].resume()

@@ -20,7 +20,7 @@ from tokenrelay.worker.active_jobs import ActiveJobs, StopReason
 from tokenrelay.worker.batcher import Batcher
 from tokenrelay.worker.engine import Engine, ModelLoadError
 from tokenrelay.worker.lease_keeper import LeaseKeeper
-from tokenrelay.worker.rq_worker import ConcurrentWorker, build_worker
+from tokenrelay.worker.rq_worker import DEQUEUE_WAIT_S, ConcurrentWorker, build_worker
 from tokenrelay.worker.runner import JobRunner
 from tokenrelay.worker.synthetic_engine import SyntheticEngine
 
@@ -28,6 +28,10 @@ log = logging.getLogger(__name__)
 
 EXIT_MODEL_UNAVAILABLE = 2
 _RECONNECT_BACKOFF_S = 1.0
+_SOCKET_TIMEOUTS = {"socket_timeout": DEQUEUE_WAIT_S + 10.0, "socket_connect_timeout": 5.0}
+"""Every call of the worker fails instead of blocking for ever when the server stops
+answering (a frozen or partitioned primary never closes the connection), and the retry
+reconnects to the primary the sentinels name; 10 s above RQ's dequeue wait, as RQ sets it."""
 
 
 def build_engine(settings: Settings) -> Engine:
@@ -92,8 +96,8 @@ def run_worker(settings: Settings, *, demo: bool = False) -> int:
         )
         return EXIT_MODEL_UNAVAILABLE
     name = f"tokenrelay-{uuid.uuid4().hex[:12]}"
-    connection = redis_connect.sync_client(settings)
-    scripts_client = redis_connect.sync_client(settings, decode_responses=True)
+    connection = redis_connect.sync_client(settings, **_SOCKET_TIMEOUTS)
+    scripts_client = redis_connect.sync_client(settings, decode_responses=True, **_SOCKET_TIMEOUTS)
     active = ActiveJobs()
     redis_scripts = SyncScripts(scripts_client)
     batcher = Batcher(engine, redis_scripts, settings, active)
