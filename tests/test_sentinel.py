@@ -25,7 +25,9 @@ from tokenrelay.cli.embedded_sentinel import SERVICE, EmbeddedSentinel
 from tokenrelay.cli.harness import eventually
 from tokenrelay.shared import keys
 
-pytestmark = pytest.mark.e2e
+pytestmark = [pytest.mark.e2e, pytest.mark.timeout(300)]
+"""Each test starts a Sentinel group and a cluster, waits out a failover and its recovery:
+past the default 120 s on a loaded 2-core box."""
 
 RECOVERY_BOUND_S = 30.0
 """After the new primary takes writes, new requests succeed again within this (README): with
