@@ -20,6 +20,7 @@ from tokenrelay.api.routes import (
     cluster,
     completions,
     console,
+    files,
     health,
     jobs,
     models,
@@ -58,7 +59,12 @@ def create_app(settings: Settings) -> FastAPI:
         openapi_url="/openapi.json" if settings.docs_enabled else None,
     )
     errors.install(app)
-    app.add_middleware(BodySizeLimit, max_bytes=settings.max_request_bytes)
+    upload_limit = settings.file_max_bytes + files.MULTIPART_OVERHEAD_BYTES
+    app.add_middleware(
+        BodySizeLimit,
+        max_bytes=settings.max_request_bytes,
+        path_limits={"/v1/files": (upload_limit, "TOKENRELAY_FILE_MAX_BYTES")},
+    )
     metrics = Metrics.from_environment()
     app.state.metrics = metrics
     app.add_middleware(RequestLog, metrics=metrics, log_prompts=settings.log_prompts)
@@ -68,6 +74,7 @@ def create_app(settings: Settings) -> FastAPI:
         completions.router,
         article_clients.router,
         jobs.router,
+        files.router,
         models.router,
         health.router,
         cluster.router,
