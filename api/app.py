@@ -9,6 +9,7 @@ from collections.abc import AsyncIterator
 from fastapi import FastAPI
 
 from tokenrelay.api import errors
+from tokenrelay.api.batch_feeder import BatchFeeder
 from tokenrelay.api.body_limit import BodySizeLimit
 from tokenrelay.api.metrics import Metrics
 from tokenrelay.api.reaper import reap_forever
@@ -16,6 +17,7 @@ from tokenrelay.api.request_id import RequestId
 from tokenrelay.api.request_log import RequestLog
 from tokenrelay.api.routes import (
     article_clients,
+    batches,
     chat,
     cluster,
     completions,
@@ -40,10 +42,11 @@ def create_app(settings: Settings) -> FastAPI:
         state.hub.start()
         reaper = asyncio.create_task(reap_forever(state), name="lease-reaper")
         webhooks = asyncio.create_task(dispatch_webhooks(state), name="webhook-dispatcher")
+        feeder = asyncio.create_task(BatchFeeder(state).run_forever(), name="batch-feeder")
         try:
             yield
         finally:
-            for task in (reaper, webhooks):
+            for task in (reaper, webhooks, feeder):
                 task.cancel()
                 with contextlib.suppress(asyncio.CancelledError):
                     await task
@@ -75,6 +78,7 @@ def create_app(settings: Settings) -> FastAPI:
         article_clients.router,
         jobs.router,
         files.router,
+        batches.router,
         models.router,
         health.router,
         cluster.router,
