@@ -5,14 +5,15 @@ Every line's state is in Redis, so whichever feeder holds the batch next carries
 a line at or past `next_line` has not been reached; `pending[i]` is `""` for a line waiting
 for (re)admission, or the id of the job that runs it; `results[i]` is its one result
 (written by `batch_result.lua`, which also drops it from `pending`). A line's job ids are
-`<batch id>-<line>-<attempt>`, never reused, so a retried line's new job cannot be
-confused with an old one.
+`<batch id>-<line>-<random>`, never reused (not even after a Redis restart that lost the
+last second of writes), so a retried line's new job cannot overwrite an old one.
 """
 
 from __future__ import annotations
 
 import json
 import time
+import uuid
 from dataclasses import dataclass, field
 from typing import cast
 
@@ -158,8 +159,7 @@ async def admit_next(state: AppState, run: BatchRun) -> bool:
     """Admit the run's next line; False when there is no room for batch lines now."""
     new = not run.waiting
     line = run.next_line if new else run.waiting.pop(0)
-    attempt = await state.redis.hincrby(keys.batch_attempts(run.batch_id), str(line), 1)
-    job_id = f"{run.batch_id}-{line}-{attempt}"
+    job_id = f"{run.batch_id}-{line}-{uuid.uuid4().hex[:12]}"
     async with state.redis.pipeline(transaction=True) as pipe:
         pipe.hset(keys.batch_pending(run.batch_id), str(line), job_id)
         if new:

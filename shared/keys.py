@@ -154,7 +154,7 @@ def batch_results(batch_id: str) -> str:
 
 
 def batch_attempts(batch_id: str) -> str:
-    """Hash counting the jobs tried for each of a batch's lines: line index → attempts."""
+    """Hash counting the lost jobs of each of a batch's lines: `<line index>:lost` → count."""
     return f"{PREFIX}:batch:{batch_id}:attempts"
 
 

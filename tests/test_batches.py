@@ -16,6 +16,8 @@ from openai.types import Batch
 
 from tests.cluster import MODEL_NAME, Cluster, ClusterFactory
 
+pytestmark = pytest.mark.timeout(300)  # whole batches through a real cluster
+
 KEY_A, KEY_B = "sk-batch-a", "sk-batch-b"
 WAIT_S = 90
 
