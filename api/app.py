@@ -42,7 +42,8 @@ def create_app(settings: Settings) -> FastAPI:
         state.hub.start()
         reaper = asyncio.create_task(reap_forever(state), name="lease-reaper")
         webhooks = asyncio.create_task(dispatch_webhooks(state), name="webhook-dispatcher")
-        feeder = asyncio.create_task(BatchFeeder(state).run_forever(), name="batch-feeder")
+        feeder_loop = BatchFeeder(state, app.state.metrics).run_forever()
+        feeder = asyncio.create_task(feeder_loop, name="batch-feeder")
         try:
             yield
         finally:

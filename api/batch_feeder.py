@@ -32,6 +32,7 @@ from tokenrelay.api.batch_models import BatchField, BatchStatus
 from tokenrelay.api.batch_run import BatchRun
 from tokenrelay.api.batch_store import transition
 from tokenrelay.api.batch_validation import validate
+from tokenrelay.api.metrics import Metrics
 from tokenrelay.api.state import AppState
 from tokenrelay.shared import batch_scripts, keys
 
@@ -42,8 +43,9 @@ MAX_HELD = 8  # batches one feeder runs at once; more wait for another feeder or
 
 
 class BatchFeeder:
-    def __init__(self, state: AppState) -> None:
+    def __init__(self, state: AppState, metrics: Metrics) -> None:
         self.state = state
+        self.metrics = metrics
         self.feeder_id = uuid.uuid4().hex
         self.held: list[str] = []
 
@@ -78,7 +80,7 @@ class BatchFeeder:
             elif status == BatchStatus.FINALIZING:
                 await finalize(self.state, batch_id, fields)
             else:
-                runs.append(await batch_run.load(self.state, batch_id, fields))
+                runs.append(await batch_run.load(self.state, batch_id, fields, self._count))
         for run in runs:
             await self._stop_if_due(run)
             await batch_run.collect(self.state, run)
@@ -88,6 +90,9 @@ class BatchFeeder:
                 await batch_run.stop_unstarted(self.state, run)
             if not run.pending and run.next_line >= run.total:
                 await finalize(self.state, run.batch_id, run.fields)
+
+    def _count(self, outcome: str) -> None:
+        self.metrics.batch_lines.labels(outcome=outcome).inc()
 
     async def _validate(self, batch_id: str, fields: dict[str, str]) -> None:
         endpoint, file_id = fields[BatchField.ENDPOINT], fields[BatchField.INPUT_FILE_ID]

@@ -14,6 +14,7 @@ from __future__ import annotations
 import json
 import time
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import cast
 
@@ -48,6 +49,8 @@ class BatchRun:
     batch_id: str
     fields: dict[str, str]
     pending: dict[str, str]
+    #: Called with a line's outcome once its result is written (a metrics counter).
+    on_result: Callable[[str], None]
     waiting: list[int] = field(default_factory=list)
 
     @property
@@ -78,9 +81,11 @@ class BatchRun:
         return self.stop is None and (bool(self.waiting) or self.next_line < self.total)
 
 
-async def load(state: AppState, batch_id: str, fields: dict[str, str]) -> BatchRun:
+async def load(
+    state: AppState, batch_id: str, fields: dict[str, str], on_result: Callable[[str], None]
+) -> BatchRun:
     pending = cast("dict[str, str]", await state.redis.hgetall(keys.batch_pending(batch_id)))
-    run = BatchRun(batch_id, fields, pending)
+    run = BatchRun(batch_id, fields, pending, on_result)
     run.waiting = sorted(int(line) for line, job in pending.items() if not job)
     return run
 
@@ -88,8 +93,15 @@ async def load(state: AppState, batch_id: str, fields: dict[str, str]) -> BatchR
 async def record_result(state: AppState, run: BatchRun, line: int, kind: str, text: str) -> None:
     count_field = BatchField.COMPLETED if kind == OUTPUT else BatchField.FAILED
     call = batch_scripts.result(run.batch_id, line, kind + text, count_field)
-    await state.scripts.run(call)
+    if await state.scripts.run(call):
+        run.on_result(_outcome(run, kind))
     run.pending.pop(str(line), None)
+
+
+def _outcome(run: BatchRun, kind: str) -> str:
+    if kind == OUTPUT:
+        return "completed"
+    return {"cancel": "cancelled", "expire": "expired"}.get(run.stop or "", "failed")
 
 
 async def _custom_ids(state: AppState, run: BatchRun, lines: list[int]) -> dict[int, str]:

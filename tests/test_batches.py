@@ -10,6 +10,7 @@ import time
 from collections.abc import Iterator
 from typing import Any
 
+import httpx
 import openai
 import pytest
 from openai.types import Batch
@@ -75,7 +76,9 @@ def lines_of(client: openai.OpenAI, file_id: str | None) -> list[dict[str, Any]]
     return [json.loads(line) for line in client.files.content(file_id).text.splitlines()]
 
 
-def test_a_batch_runs_to_completed_with_every_custom_id_once(client: openai.OpenAI) -> None:
+def test_a_batch_runs_to_completed_with_every_custom_id_once(
+    client: openai.OpenAI, cluster: Cluster
+) -> None:
     ids = [f"req-{i}" for i in range(12)]
     created = client.batches.create(
         input_file_id=upload(client, [chat_line(i) for i in ids]),
@@ -106,6 +109,13 @@ def test_a_batch_runs_to_completed_with_every_custom_id_once(client: openai.Open
     assert created.id in [b.id for b in client.batches.list()]
     output_file = client.files.retrieve(done.output_file_id or "")
     assert output_file.purpose == "batch_output"
+    scrape = httpx.get(f"{cluster.base_url}/metrics", timeout=10).text
+    [count] = [
+        float(row.split()[-1])
+        for row in scrape.splitlines()
+        if row.startswith('tokenrelay_batch_lines_total{outcome="completed"}')
+    ]
+    assert count >= 12
 
 
 def test_completions_endpoint(client: openai.OpenAI) -> None:
