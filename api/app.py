@@ -9,6 +9,7 @@ from collections.abc import AsyncIterator
 from fastapi import FastAPI
 
 from tokenrelay.api import errors
+from tokenrelay.api.batch_feeder import BatchFeeder
 from tokenrelay.api.body_limit import BodySizeLimit
 from tokenrelay.api.metrics import Metrics
 from tokenrelay.api.reaper import reap_forever
@@ -16,10 +17,12 @@ from tokenrelay.api.request_id import RequestId
 from tokenrelay.api.request_log import RequestLog
 from tokenrelay.api.routes import (
     article_clients,
+    batches,
     chat,
     cluster,
     completions,
     console,
+    files,
     health,
     jobs,
     models,
@@ -45,10 +48,12 @@ def create_app(settings: Settings) -> FastAPI:
         state.hub.start()
         reaper = asyncio.create_task(reap_forever(state), name="lease-reaper")
         webhooks = asyncio.create_task(dispatch_webhooks(state), name="webhook-dispatcher")
+        feeder_loop = BatchFeeder(state, app.state.metrics).run_forever()
+        feeder = asyncio.create_task(feeder_loop, name="batch-feeder")
         try:
             yield
         finally:
-            for task in (reaper, webhooks):
+            for task in (reaper, webhooks, feeder):
                 task.cancel()
                 with contextlib.suppress(asyncio.CancelledError):
                     await task
@@ -64,7 +69,12 @@ def create_app(settings: Settings) -> FastAPI:
         openapi_url="/openapi.json" if settings.docs_enabled else None,
     )
     errors.install(app)
-    app.add_middleware(BodySizeLimit, max_bytes=settings.max_request_bytes)
+    upload_limit = settings.file_max_bytes + files.MULTIPART_OVERHEAD_BYTES
+    app.add_middleware(
+        BodySizeLimit,
+        max_bytes=settings.max_request_bytes,
+        path_limits={"/v1/files": (upload_limit, "TOKENRELAY_FILE_MAX_BYTES")},
+    )
     metrics = Metrics.from_environment()
     app.state.metrics = metrics
     app.add_middleware(RequestLog, metrics=metrics, log_prompts=settings.log_prompts)
@@ -74,6 +84,8 @@ def create_app(settings: Settings) -> FastAPI:
         completions.router,
         article_clients.router,
         jobs.router,
+        files.router,
+        batches.router,
         models.router,
         health.router,
         cluster.router,

@@ -11,6 +11,8 @@ limit.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from tokenrelay.api.errors import error_response
@@ -22,26 +24,31 @@ class BodyTooLarge(Exception):
 
 
 class BodySizeLimit:
-    def __init__(self, app: ASGIApp, max_bytes: int) -> None:
+    def __init__(
+        self, app: ASGIApp, max_bytes: int, path_limits: Mapping[str, tuple[int, str]] | None = None
+    ) -> None:
         self.app = app
         self.max_bytes = max_bytes
+        self.path_limits = path_limits or {}
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
+        max_bytes, setting = self.path_limits.get(
+            scope["path"], (self.max_bytes, "TOKENRELAY_MAX_REQUEST_BYTES")
+        )
         declared = _content_length(scope)
-        if declared is not None and declared > self.max_bytes:
+        if declared is not None and declared > max_bytes:
             error = PayloadTooLarge(
-                f"the request body is {declared} bytes; the limit is {self.max_bytes} "
-                "(TOKENRELAY_MAX_REQUEST_BYTES)"
+                f"the request body is {declared} bytes; the limit is {max_bytes} ({setting})"
             )
             await error_response(error)(scope, receive, send)
             return
         if declared is not None or scope["method"] in _BODILESS_METHODS:
             await self.app(scope, receive, send)
             return
-        guard = _Guard(receive, send, self.max_bytes)
+        guard = _Guard(receive, send, max_bytes, setting)
         try:
             await self.app(scope, guard.receive, guard.send)
         except BodyTooLarge:
@@ -54,10 +61,11 @@ class BodySizeLimit:
 class _Guard:
     """Counts the body as the app reads it; once over the limit, answers 413 instead."""
 
-    def __init__(self, receive: Receive, send: Send, max_bytes: int) -> None:
+    def __init__(self, receive: Receive, send: Send, max_bytes: int, setting: str) -> None:
         self._receive = receive
         self._send = send
         self._max_bytes = max_bytes
+        self._setting = setting
         self._received = 0
         self.exceeded = False
         self.started = False
@@ -81,8 +89,7 @@ class _Guard:
     async def refuse(self, scope: Scope) -> None:
         self.started = True
         error = PayloadTooLarge(
-            f"the request body exceeds the limit of {self._max_bytes} bytes "
-            "(TOKENRELAY_MAX_REQUEST_BYTES)"
+            f"the request body exceeds the limit of {self._max_bytes} bytes ({self._setting})"
         )
         await error_response(error)(scope, self._receive, self._send)
 

@@ -58,3 +58,19 @@ JOB_ERRORS: dict[int | str, dict[str, Any]] = {
     400: _doc("Invalid `Last-Event-ID`"),
     404: _doc("No such job, or another key's job (`job_not_found`)"),
 }
+
+FILE_ERRORS: dict[int | str, dict[str, Any]] = {
+    **AUTH_ERRORS,
+    404: _doc("No such file, or another key's file (`file_not_found`)"),
+}
+
+UPLOAD_ERRORS: dict[int | str, dict[str, Any]] = {
+    400: _doc("Bad form, wrong `purpose`, or more lines than TOKENRELAY_FILE_MAX_REQUESTS"),
+    413: _doc("File larger than TOKENRELAY_FILE_MAX_BYTES (`request_too_large`)"),
+}
+
+BATCH_ERRORS: dict[int | str, dict[str, Any]] = {
+    **AUTH_ERRORS,
+    400: _doc("Invalid request: the message names the field (`invalid_request_error`)"),
+    404: _doc("No such batch or input file, or another key's (`batch_not_found`)"),
+}

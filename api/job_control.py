@@ -53,15 +53,25 @@ async def submit(
     request: GenerationRequest,
     priority: Priority | None = None,
     webhook: WebhookTarget | None = None,
+    *,
+    batch_job_id: str | None = None,
 ) -> str:
     """Admit and enqueue a job at `priority` (else the caller's key's default); raises
     `ContextLengthExceeded` for a request that can never fit a worker, `QuotaExceeded` or
-    `Overloaded` when the key's or the global limit is reached."""
-    job_id = uuid.uuid4().hex
+    `Overloaded` when the key's or the global limit is reached. A batch line comes with
+    its own unique id (`batch_job_id`) and is admitted as one (`scripts.admit`)."""
+    job_id = batch_job_id or uuid.uuid4().hex
     settings = state.settings
     request_log.note_generation(caller.owner, request)
     await state.prompt_fit.check(request, truncating=state.settings.truncate_messages)
-    admit = scripts.admit(settings, job_id, caller.owner, request.model, caller.max_inflight)
+    admit = scripts.admit(
+        settings,
+        job_id,
+        caller.owner,
+        request.model,
+        caller.max_inflight,
+        batch_line=batch_job_id is not None,
+    )
     reply = await state.scripts.run(admit)
     if lost := scripts.reaped_by_admission(reply):
         state.spawn(

@@ -96,6 +96,13 @@ class Metrics:
             buckets=_E2E_BUCKETS,
             registry=registry,
         )
+        self.batch_lines = Counter(
+            "tokenrelay_batch_lines",
+            "Batch lines whose result was written, by outcome (completed, failed, cancelled, "
+            "expired), counted by the API process whose feeder wrote it.",
+            ("outcome",),
+            registry=registry,
+        )
         self.prompt_tokens = Counter(
             "tokenrelay_prompt_tokens",
             "Prompt tokens of the generations served.",

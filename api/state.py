@@ -18,12 +18,15 @@ from tokenrelay.shared.script_runner import AsyncScripts
 from tokenrelay.shared.settings import Settings
 
 REDIS_POOL_WAIT_S = 5.0
+BYTES_POOL_SIZE = 8
 REDIS_CONNECT_TIMEOUT_S = 5.0  # an unreachable Redis (no RST) is a 503, not a 2-minute hang
 
 
 @dataclass
 class AppState:
     settings: Settings
+    #: The same Redis as `redis` without response decoding: file content is bytes.
+    redis_bytes: redis.asyncio.Redis
     redis: redis.asyncio.Redis
     rq_connection: Redis
     scripts: AsyncScripts
@@ -49,6 +52,14 @@ class AppState:
         return cls(
             settings=settings,
             redis=client,
+            redis_bytes=redis_connect.async_client(
+                settings,
+                max_connections=BYTES_POOL_SIZE,
+                pool_wait_s=REDIS_POOL_WAIT_S,
+                decode_responses=False,
+                health_check_interval=30,
+                socket_connect_timeout=REDIS_CONNECT_TIMEOUT_S,
+            ),
             rq_connection=redis_connect.sync_client(
                 settings, max_connections=settings.redis_pool_size, pool_wait_s=REDIS_POOL_WAIT_S
             ),
@@ -70,4 +81,5 @@ class AppState:
         await self.hub.close()
         self.prompt_fit.close()
         await self.redis.aclose()
+        await self.redis_bytes.aclose()
         self.rq_connection.close()

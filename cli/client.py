@@ -1,4 +1,5 @@
-"""The client side of the `tokenrelay` command: `chat`, `submit`, `status`, `cancel`, `top`.
+"""The client side of the `tokenrelay` command: `chat`, `submit`, `status`, `cancel`, `top`,
+`batch` (`tokenrelay.cli.batch_client`).
 
 It talks to a tokenrelay API over HTTP like any other client: the URL comes from `--url`,
 else `TOKENRELAY_URL`, else `http://127.0.0.1:8000`; the API key from `--api-key`, else
@@ -13,7 +14,7 @@ import json
 import os
 import sys
 from collections.abc import Callable, Iterator
-from typing import Any
+from typing import IO, Any
 
 import httpx
 
@@ -85,6 +86,31 @@ class Client:
 
     def cluster(self, limit: int = 10) -> dict[str, Any]:
         return self._json("GET", "/v1/cluster", params={"limit": limit})
+
+    def upload_file(self, name: str, content: IO[bytes]) -> dict[str, Any]:
+        files = {"file": (name, content, "application/jsonl")}
+        return self._json("POST", "/v1/files", data={"purpose": "batch"}, files=files)
+
+    def file_content(self, file_id: str) -> bytes:
+        try:
+            response = self._http.get(f"/v1/files/{file_id}/content")
+        except httpx.HTTPError as exc:
+            raise ClientError(self._transport_error(exc)) from exc
+        if response.status_code >= 400:
+            raise ClientError(_describe(response))
+        return response.content
+
+    def create_batch(
+        self, file_id: str, endpoint: str, metadata: dict[str, str] | None
+    ) -> dict[str, Any]:
+        body = {"input_file_id": file_id, "endpoint": endpoint, "completion_window": "24h"}
+        return self._json("POST", "/v1/batches", json={**body, "metadata": metadata})
+
+    def batch(self, batch_id: str) -> dict[str, Any]:
+        return self._json("GET", f"/v1/batches/{batch_id}")
+
+    def cancel_batch(self, batch_id: str) -> dict[str, Any]:
+        return self._json("POST", f"/v1/batches/{batch_id}/cancel")
 
     def _json(self, method: str, path: str, **kwargs: Any) -> Any:
         try:
@@ -187,6 +213,12 @@ def _top(client: Client, args: argparse.Namespace) -> int:
     return run_top(client, interval_s=args.interval, once=args.once)
 
 
+def _batch(client: Client, args: argparse.Namespace) -> int:
+    from tokenrelay.cli.batch_client import run_batch
+
+    return run_batch(client, args)
+
+
 def format_record(record: dict[str, Any]) -> str:
     """A job record as `name: value` lines, then its text."""
     lines = [f"id: {record['id']}", f"status: {record['status']}", f"model: {record['model']}"]
@@ -217,6 +249,7 @@ _COMMANDS: dict[str, Callable[[Client, argparse.Namespace], int]] = {
     "status": _status,
     "cancel": _cancel,
     "top": _top,
+    "batch": _batch,
 }
 
 

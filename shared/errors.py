@@ -7,6 +7,8 @@
     ├── Forbidden                   (403 forbidden)
     ├── NotFound                    (404 not_found)
     │   ├── JobNotFound             (404 job_not_found)
+    │   ├── FileNotFound            (404 file_not_found)
+    │   ├── BatchNotFound           (404 batch_not_found)
     │   └── ModelNotFound           (404 model_not_found)
     ├── PayloadTooLarge             (413 request_too_large)
     ├── QuotaExceeded               (429 rate_limit_exceeded)
@@ -91,6 +93,14 @@ class JobNotFound(NotFound):
 
 class ModelNotFound(NotFound):
     error_type = "model_not_found"
+
+
+class FileNotFound(NotFound):
+    error_type = "file_not_found"
+
+
+class BatchNotFound(NotFound):
+    error_type = "batch_not_found"
 
 
 class PayloadTooLarge(TokenrelayError):
@@ -178,6 +188,8 @@ _BY_TYPE: dict[str, type[TokenrelayError]] = {
         NotFound,
         JobNotFound,
         ModelNotFound,
+        FileNotFound,
+        BatchNotFound,
         PayloadTooLarge,
         Overloaded,
         QuotaExceeded,

@@ -117,3 +117,60 @@ JOB_KEY_TEMPLATES: tuple[str, str, str, str] = (
     job_channel(ID_PLACEHOLDER),
     job_text(ID_PLACEHOLDER),
 )
+
+
+def file(file_id: str) -> str:
+    """Hash describing one uploaded or generated file (`api.file_store.FileObject`)."""
+    return f"{PREFIX}:file:{file_id}"
+
+
+def file_chunks(file_id: str) -> str:
+    """List of a file's content, in chunks of at most `api.file_store.CHUNK_BYTES` bytes."""
+    return f"{PREFIX}:file:{file_id}:chunks"
+
+
+def owner_files(owner: str) -> str:
+    """Sorted set of an owner's file ids, score the creation time (ms): `GET /v1/files`."""
+    return f"{PREFIX}:owner:{owner}:files"
+
+
+def batch(batch_id: str) -> str:
+    """Hash holding one batch: status, endpoint, counts, timestamps, file ids."""
+    return f"{PREFIX}:batch:{batch_id}"
+
+
+def batch_requests(batch_id: str) -> str:
+    """Hash of a validated batch's requests: field the line index, value `{custom_id, body}`."""
+    return f"{PREFIX}:batch:{batch_id}:requests"
+
+
+def batch_pending(batch_id: str) -> str:
+    """Hash of a batch's lines handed to a job and not yet resulted: line index → job id."""
+    return f"{PREFIX}:batch:{batch_id}:pending"
+
+
+def batch_results(batch_id: str) -> str:
+    """Hash of a batch's results, written once per line: line index → output line JSON."""
+    return f"{PREFIX}:batch:{batch_id}:results"
+
+
+def batch_attempts(batch_id: str) -> str:
+    """Hash counting the lost jobs of each of a batch's lines: `<line index>:lost` → count."""
+    return f"{PREFIX}:batch:{batch_id}:attempts"
+
+
+def owner_batches(owner: str) -> str:
+    """Sorted set of an owner's batch ids, score the creation time (ms): `GET /v1/batches`."""
+    return f"{PREFIX}:owner:{owner}:batches"
+
+
+def active_batches() -> str:
+    """Sorted set of unfinished batches: member the batch id, score the expiry (ms) of the
+    feeder lease that holds it (0: unclaimed), so a dead API process's batches pass on."""
+    return f"{PREFIX}:batches:active"
+
+
+def batch_lines_inflight() -> str:
+    """Set of the job ids of admitted, unfinished batch lines (their owner-jobs set): its
+    size is what batch lines hold of `MAX_INFLIGHT`, left out of interactive admission."""
+    return f"{PREFIX}:batches:inflight"

@@ -126,6 +126,9 @@ LIBRARY_ARGC = 6 + len(LIBRARY_NAMES) + 1
 """How many ARGV the job library takes before a script's own."""
 
 _REAP_BATCH = 100
+BATCH_LINE_DEFERRED = "batch_line_deferred"
+"""What a batch line's refused admission counts under: it waits for spare capacity, and no
+client was refused."""
 RECENT_JOBS_KEPT = 50
 
 Arg = str | int | float
@@ -155,8 +158,20 @@ def _library_call(
 
 
 def admit(
-    settings: Settings, job_id: str, owner: str, model: str, owner_limit: int | None = None
+    settings: Settings,
+    job_id: str,
+    owner: str,
+    model: str,
+    owner_limit: int | None = None,
+    *,
+    batch_line: bool = False,
 ) -> ScriptCall:
+    """Admit an interactive job, whose count leaves batch lines out, or (`batch_line`) a
+    batch line: within `TOKENRELAY_BATCH_MAX_INFLIGHT_SHARE` of the limit, counted in the
+    set of batch lines instead of its owner's, and only while the whole count is under it."""
+    owner_jobs = keys.batch_lines_inflight() if batch_line else keys.owner_jobs(owner)
+    if batch_line:
+        owner_limit = settings.batch_max_inflight
     return _library_call(
         ADMIT,
         settings,
@@ -167,10 +182,16 @@ def admit(
         model,
         _REAP_BATCH,
         RECENT_JOBS_KEPT,
-        Overloaded.error_type,
+        BATCH_LINE_DEFERRED if batch_line else Overloaded.error_type,
         owner_limit or 0,
-        QuotaExceeded.error_type,
-        extra_keys=(keys.recent_jobs(), keys.rejections(), keys.owner_jobs(owner)),
+        BATCH_LINE_DEFERRED if batch_line else QuotaExceeded.error_type,
+        0 if batch_line else 1,
+        extra_keys=(
+            keys.recent_jobs(),
+            keys.rejections(),
+            owner_jobs,
+            keys.batch_lines_inflight(),
+        ),
     )
 
 

@@ -91,6 +91,13 @@ class Settings(BaseSettings):
     webhook_max_attempts: int = Field(default=10, ge=1)
     webhook_backoff_s: float = Field(default=2.0, gt=0)
     webhook_visibility_timeout_s: float = Field(default=30.0, ge=1.0)
+    file_max_bytes: int = Field(default=209_715_200, ge=1)
+    file_max_requests: int = Field(default=50_000, ge=1)
+    file_retention_s: int = Field(default=2_592_000, ge=60)
+    batch_completion_window_s: float = Field(default=86_400.0, gt=0)
+    batch_max_inflight_share: float = Field(default=0.5, gt=0, le=1)
+    batch_line_max_attempts: int = Field(default=3, ge=1)
+    batch_lease_s: float = Field(default=10.0, ge=1.0)
 
     @field_validator("api_keys", "admin_api_keys", mode="before")
     @classmethod
@@ -174,6 +181,11 @@ class Settings(BaseSettings):
     @property
     def max_queue_wait_ms(self) -> int:
         return int(self.max_queue_wait_s * 1000)
+
+    @property
+    def batch_max_inflight(self) -> int:
+        """How many admission slots batch lines may hold at once, at least one."""
+        return max(1, int(self.max_inflight * self.batch_max_inflight_share))
 
     @property
     def webhook_key(self) -> bytes | None:

@@ -1,12 +1,14 @@
-"""The client commands (`tokenrelay chat`, `submit`, `status`, `cancel`, `top`) as a user runs
-them, against real `tokenrelay api` and `tokenrelay worker` processes."""
+"""The client commands (`tokenrelay chat`, `submit`, `status`, `cancel`, `top`, `batch`) as a
+user runs them, against real `tokenrelay api` and `tokenrelay worker` processes."""
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import subprocess
 from collections.abc import Iterator
+from pathlib import Path
 
 import httpx
 import pytest
@@ -155,3 +157,56 @@ def test_top_once_shows_in_flight_queues_and_the_worker(cluster: Cluster) -> Non
 def test_sse_data_joins_multi_line_events_and_skips_comments() -> None:
     lines = [": ping", "", "data: a", "data: b", "", "id: 3", "data:c", "", "data: [DONE]", ""]
     assert list(_sse_data(iter(lines))) == ["a\nb", "c", "[DONE]"]
+
+
+def batch_line(custom_id: str, tokens: int) -> str:
+    body = {
+        "model": MODEL_NAME,
+        "messages": [{"role": "user", "content": "hello"}],
+        "max_tokens": tokens,
+        "min_tokens": tokens,
+    }
+    line = {"custom_id": custom_id, "method": "POST", "url": "/v1/chat/completions", "body": body}
+    return json.dumps(line) + "\n"
+
+
+@pytest.mark.e2e
+def test_batch_submit_waits_to_completed_and_downloads_every_line(
+    cluster: Cluster, tmp_path: Path
+) -> None:
+    requests = tmp_path / "requests.jsonl"
+    requests.write_text("".join(batch_line(f"line-{i}", 4) for i in range(3)))
+    submitted = tokenrelay(cluster, "batch", "submit", str(requests), "--wait", "--interval", "0.2")
+    assert submitted.returncode == 0, submitted.stderr
+    batch_id, *summary = submitted.stdout.splitlines()
+    assert batch_id.startswith("batch_")
+    assert "status: completed" in summary and "requests: 3 completed, 0 failed of 3" in summary
+    status = tokenrelay(cluster, "batch", "status", batch_id)
+    assert status.returncode == 0 and "status: completed" in status.stdout
+    results = tmp_path / "results.jsonl"
+    downloaded = tokenrelay(cluster, "batch", "download", batch_id, "--output", str(results))
+    assert downloaded.returncode == 0, downloaded.stderr
+    lines = [json.loads(line) for line in results.read_text().splitlines()]
+    assert sorted(line["custom_id"] for line in lines) == ["line-0", "line-1", "line-2"]
+    assert all(line["response"]["status_code"] == 200 for line in lines)
+
+
+@pytest.mark.e2e
+def test_batch_cancel_stops_a_running_batch_and_unknown_ids_are_one_error(
+    cluster: Cluster, http: httpx.Client, tmp_path: Path
+) -> None:
+    requests = tmp_path / "long.jsonl"
+    requests.write_text("".join(batch_line(f"long-{i}", LONG_JOB_TOKENS) for i in range(3)))
+    submitted = tokenrelay(cluster, "batch", "submit", str(requests))
+    assert submitted.returncode == 0, submitted.stderr
+    batch_id = submitted.stdout.strip()
+    cancelled = tokenrelay(cluster, "batch", "cancel", batch_id)
+    assert cancelled.returncode == 0, cancelled.stderr
+    assert cancelled.stdout.strip() in (f"{batch_id}: cancelling", f"{batch_id}: cancelled")
+    watched = tokenrelay(cluster, "batch", "status", batch_id, "--watch", "--interval", "0.2")
+    assert watched.returncode == 1  # ended, but not completed
+    assert "status: cancelled" in watched.stdout
+    unknown = tokenrelay(cluster, "batch", "status", "batch_0123456789abcdef")
+    assert_one_clear_error(unknown, "batch_not_found", "HTTP 404")
+    missing = tokenrelay(cluster, "batch", "submit", str(tmp_path / "missing.jsonl"))
+    assert_one_clear_error(missing, "cannot read")

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from tokenrelay.shared import errors, scripts
+from tokenrelay.shared import batch_scripts, errors, scripts
 from tokenrelay.shared.jobs import JobField, JobStatus
 from tokenrelay.shared.settings import Settings
 
@@ -46,7 +46,10 @@ def error_classes(cls: type[errors.TokenrelayError]) -> list[type[errors.Tokenre
 
 
 LUA_FILES = sorted(path.name for path in (ROOT / "shared" / "lua").glob("*.lua"))
-SOURCES = [getattr(scripts, name) for name in SCRIPT_NAMES]
+SOURCES = [getattr(scripts, name) for name in SCRIPT_NAMES] + [
+    batch_scripts.BATCH_CLAIM,
+    batch_scripts.BATCH_RESULT,
+]
 JOB_FILES = [
     name
     for name in LUA_FILES

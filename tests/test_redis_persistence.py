@@ -8,6 +8,7 @@ while jobs stream, and started again on the same port and data directory.
 
 from __future__ import annotations
 
+import fnmatch
 import json
 import signal
 import threading
@@ -30,6 +31,20 @@ STREAMS = 2
 TOKENS = 400
 SHORT_TOKENS = 200  # these end while Redis is down: their FINISH must wait for it
 OUTAGE_S = 2.0
+PERMANENT_RQ_KEYS = (
+    "rq:queues",  # the set of queue names
+    "rq:queue:*",  # each queue's list of job ids (and its intermediate list)
+    "rq:workers",  # the set of worker keys, and one per queue; RQ prunes dead members
+    "rq:workers:*",
+    "rq:wip:*",  # the registries, sorted sets whose members carry their own expiry
+    "rq:finished:*",
+    "rq:failed:*",
+    "rq:canceled:*",
+    "rq:deferred:*",
+    "rq:scheduled:*",
+)
+"""RQ's structures that live as long as their queue: no TTL, by design. Every other `rq:`
+key (a job, its results, its executions, a worker) must expire."""
 
 
 def body(tokens: int) -> dict:
@@ -81,6 +96,27 @@ def token_events(http: httpx.Client, job_id: str) -> list[dict]:
 
 def logged_tokens(client: redis.Redis, job_id: str) -> int:
     return int(client.xlen(keys.job_events(job_id)))
+
+
+def keys_without_ttl(client: redis.Redis, pattern: str) -> list[str]:
+    return sorted(
+        key for key in client.scan_iter(match=pattern, count=1000) if client.ttl(key) == -1
+    )
+
+
+def check_no_key_leaked(client: redis.Redis) -> None:
+    """No RQ key but RQ's permanent structures, and no job key, is left without a TTL; no
+    started-job registry still lists a job."""
+    assert next(client.scan_iter(match="rq:job:*"), None) is not None, "no RQ job kept"
+    leaked = [
+        key
+        for key in keys_without_ttl(client, "rq:*")
+        if not any(fnmatch.fnmatchcase(key, p) for p in PERMANENT_RQ_KEYS)
+    ]
+    assert leaked == []
+    assert keys_without_ttl(client, keys.job("*")) == []
+    started = {key: client.zrange(key, 0, -1) for key in client.scan_iter(match="rq:wip:*")}
+    assert all(not members for members in started.values()), started
 
 
 def check_every_job(http: httpx.Client, client: redis.Redis, job_ids: list[str]) -> list[str]:
@@ -147,6 +183,7 @@ def test_redis_restart_mid_stream_loses_no_event_and_no_finished_job(
                 thread.join(timeout=60)
             statuses = check_every_job(http, client, job_ids)
             assert statuses == ["succeeded"] * len(job_ids)
+            check_no_key_leaked(client)
             for stream in streams:
                 stored = client.get(keys.job_text(stream.job_id)) or ""
                 assert stored.startswith(stream.text)

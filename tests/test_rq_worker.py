@@ -18,7 +18,12 @@ from tokenrelay.shared import keys
 from tokenrelay.shared.generation import ChatMessage, GenerationRequest
 from tokenrelay.shared.rq_jobs import GENERATE_FUNCTION, enqueue_generation, generation_queue
 from tokenrelay.shared.settings import Settings
-from tokenrelay.worker.rq_worker import UnknownJobFunction, allow_listed_job_class, build_worker
+from tokenrelay.worker.rq_worker import (
+    DEQUEUE_WAIT_S,
+    UnknownJobFunction,
+    allow_listed_job_class,
+    build_worker,
+)
 
 
 def test_a_job_naming_another_function_is_refused(redis_url: str) -> None:
@@ -53,6 +58,16 @@ def test_enqueued_generation_runs_the_allow_listed_function_with_json_kwargs(
     worker = build_worker(connection, "test-worker", {GENERATE_FUNCTION: generate}, model="m")
     worker.work(burst=True)
     assert calls == [{"job_id": "job1", "request": request.model_dump(mode="json")}]
+    connection.close()
+
+
+def test_a_dequeue_blocks_briefly_and_its_socket_times_out_soon_after(redis_url: str) -> None:
+    """RQ blocks in BLPOP for `dequeue_timeout` and sets its connection's socket timeout to
+    that + 10 s: a hung primary holds the worker that long, not RQ's default 415 s."""
+    connection = redis.Redis.from_url(redis_url, socket_timeout=DEQUEUE_WAIT_S + 10.0)
+    worker = build_worker(connection, "test-worker", {}, model="m")
+    assert worker.dequeue_timeout == DEQUEUE_WAIT_S
+    assert connection.connection_pool.connection_kwargs["socket_timeout"] == DEQUEUE_WAIT_S + 10
     connection.close()
 
 

@@ -2,7 +2,10 @@
 
 Real processes (an API, a worker) configured with `TOKENRELAY_REDIS_SENTINELS` and
 `TOKENRELAY_REDIS_MIN_REPLICAS=1`, against a primary, a replica and three sentinels on free
-ports; `SENTINEL FAILOVER` while clients submit jobs and stream.
+ports; `SENTINEL FAILOVER` while clients submit jobs and stream. Every job accepted after
+the promotion succeeds; one accepted before it succeeds too, or, when it was running while
+its worker's lease renewals still reached the old primary (which takes writes until the
+sentinels turn it into a replica), fails `worker_lost`: never `expired`, never lost.
 """
 
 from __future__ import annotations
@@ -22,7 +25,9 @@ from tokenrelay.cli.embedded_sentinel import SERVICE, EmbeddedSentinel
 from tokenrelay.cli.harness import eventually
 from tokenrelay.shared import keys
 
-pytestmark = pytest.mark.e2e
+pytestmark = [pytest.mark.e2e, pytest.mark.timeout(300)]
+"""Each test starts a Sentinel group and a cluster, waits out a failover and its recovery:
+past the default 120 s on a loaded 2-core box."""
 
 RECOVERY_BOUND_S = 30.0
 """After the new primary takes writes, new requests succeed again within this (README): with
@@ -125,8 +130,14 @@ def test_failover_mid_traffic_is_followed_and_loses_no_accepted_job(
                 record = http.get(f"/v1/jobs/{job_id}")
                 assert record.status_code == 200, f"accepted job {job_id} lost"
             eventually(lambda: primary.zcard(keys.leases()) == 0, 60, "every job to end")
-            statuses = {http.get(f"/v1/jobs/{j}").json()["status"] for _, j in traffic.accepted}
-        assert statuses <= {"succeeded", "failed", "expired"}
+            records = [(t, http.get(f"/v1/jobs/{j}").json()) for t, j in traffic.accepted]
+        statuses = {record["status"] for _, record in records}
+        after = [record for t, record in records if t > promoted]
+        assert [r for r in after if r["status"] != "succeeded"] == [], "a job after failed"
+        before = [record for t, record in records if t <= promoted]
+        assert all(
+            r["status"] == "succeeded" or r["error"]["type"] == "worker_lost" for r in before
+        ), [r for r in before if r["status"] != "succeeded"]
         assert ended and ended[0] == "data: [DONE]", ended
         assert worker.running()
     finally:
@@ -137,3 +148,57 @@ def test_failover_mid_traffic_is_followed_and_loses_no_accepted_job(
         f"readyz 503 samples: {sum(code != 200 for _, code in traffic.ready)}; "
         f"statuses {statuses}"
     )
+
+
+HUNG_PRIMARY_BOUND_S = 90.0
+"""After the sentinels promote the replica of a primary that hangs, a job succeeds on the new
+one within this: the worker's calls to the hung server time out (its 15 s socket timeout, once
+per pooled connection: a job meeting one fails visibly) and reconnect to the new primary."""
+
+
+def test_worker_leaves_a_primary_that_hangs(
+    group: EmbeddedSentinel, make_cluster: ClusterFactory
+) -> None:
+    """A frozen primary (SIGSTOP) never closes its connections nor answers on them: a worker
+    blocked on one (RQ's dequeue, a lease renewal) must give up on it, or it stops taking jobs
+    and every job queued on the new primary expires."""
+    settings = {
+        "TOKENRELAY_REDIS_SENTINELS": group.sentinels,
+        "TOKENRELAY_REDIS_SENTINEL_MASTER": SERVICE,
+        "TOKENRELAY_LEASE_TTL_S": "6",
+        "TOKENRELAY_MAX_QUEUE_WAIT_S": "120",
+        "OMP_NUM_THREADS": "1",
+    }
+    cluster: Cluster = make_cluster(settings, redis_url=group.url, workers=1)
+    worker = next(c for c in cluster.group.children if c.name == "worker")
+    old = group.primary_port()
+    try:
+        with httpx.Client(base_url=cluster.base_url, timeout=30) as http:
+            first = http.post("/v1/jobs", json=SHORT).json()["id"]
+            eventually(
+                lambda: http.get(f"/v1/jobs/{first}").json()["status"] == "succeeded",
+                60,
+                "a job before the hang",
+            )
+        group.servers[0].pause()
+        group.promoted(old)
+        cluster.start_api()  # a fresh API: the first one's pooled connections hang as well
+        with httpx.Client(base_url=cluster.base_url, timeout=30) as http:
+            job_ids: list[str] = []
+
+            def one_succeeded() -> bool:
+                """A job the worker took may still fail, on a pooled connection to the hung
+                server that must time out first: submit another until one succeeds."""
+                ended = [http.get(f"/v1/jobs/{j}").json()["status"] for j in job_ids]
+                if "succeeded" in ended:
+                    return True
+                if all(status in ("failed", "expired") for status in ended):
+                    job_ids.append(http.post("/v1/jobs", json=SHORT).json()["id"])
+                return False
+
+            eventually(one_succeeded, HUNG_PRIMARY_BOUND_S, "a job to succeed on the new primary")
+            statuses = [http.get(f"/v1/jobs/{j}").json()["status"] for j in job_ids]
+        assert "expired" not in statuses, statuses
+        assert worker.running()
+    finally:
+        group.servers[0].resume()

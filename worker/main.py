@@ -20,7 +20,7 @@ from tokenrelay.worker.active_jobs import ActiveJobs, StopReason
 from tokenrelay.worker.batcher import Batcher
 from tokenrelay.worker.engine import Engine, ModelLoadError
 from tokenrelay.worker.lease_keeper import LeaseKeeper
-from tokenrelay.worker.rq_worker import ConcurrentWorker, build_worker
+from tokenrelay.worker.rq_worker import DEQUEUE_WAIT_S, ConcurrentWorker, build_worker
 from tokenrelay.worker.runner import JobRunner
 from tokenrelay.worker.synthetic_engine import SyntheticEngine
 
@@ -30,6 +30,10 @@ EXIT_MODEL_UNAVAILABLE = 2
 EXIT_REDIS_TOO_OLD = 3
 _RECONNECT_BACKOFF_S = 1.0
 _POOL_WAIT_S = 5.0
+_SOCKET_TIMEOUTS = {"socket_timeout": DEQUEUE_WAIT_S + 10.0, "socket_connect_timeout": 5.0}
+"""Every call of the worker fails instead of blocking for ever when the server stops
+answering (a frozen or partitioned primary never closes the connection), and the retry
+reconnects to the primary the sentinels name; 10 s above RQ's dequeue wait, as RQ sets it."""
 
 
 def build_engine(settings: Settings) -> Engine:
@@ -104,10 +108,14 @@ def run_worker(settings: Settings, *, demo: bool = False) -> int:
     # connections stay within twice `TOKENRELAY_WORKER_REDIS_POOL_SIZE` whatever it runs.
     pool_size = settings.worker_redis_pool_size
     connection = redis_connect.sync_client(
-        settings, max_connections=pool_size, pool_wait_s=_POOL_WAIT_S
+        settings, max_connections=pool_size, pool_wait_s=_POOL_WAIT_S, **_SOCKET_TIMEOUTS
     )
     scripts_client = redis_connect.sync_client(
-        settings, max_connections=pool_size, pool_wait_s=_POOL_WAIT_S, decode_responses=True
+        settings,
+        max_connections=pool_size,
+        pool_wait_s=_POOL_WAIT_S,
+        decode_responses=True,
+        **_SOCKET_TIMEOUTS,
     )
     active = ActiveJobs()
     redis_scripts = SyncScripts(scripts_client)

@@ -5,7 +5,7 @@ RQ 3.0 tracks a set of executions per worker; `ConcurrentWorker` runs each deque
 execution on its own thread (the job function hands the job to the batcher and waits), so
 RQ's registries, `rq info` and the worker's state tell the truth while N jobs run. RQ
 internals relied on (pinned by `rq==3.0.0`, covered by tests/test_rq_worker.py):
-`dequeue_job_and_maintain_ttl`, `prepare_execution`, `perform_job`, `set_state`,
+`dequeue_job_and_maintain_ttl`, `dequeue_timeout`, `prepare_execution`, `perform_job`, `set_state`,
 `request_stop`/`_stop_requested`, `teardown`, `executions`, `TimerDeathPenalty`.
 """
 
@@ -26,6 +26,12 @@ from rq.worker import SimpleWorker, WorkerStatus
 from tokenrelay.shared.rq_jobs import worker_queues
 
 _SLOT_WAIT_S = 5.0
+DEQUEUE_WAIT_S = 5
+"""The longest one dequeue (BLPOP) blocks. RQ's default is `worker_ttl` - 15 s (405 s), and
+RQ raises its connection's socket timeout to that plus 10 s: a primary that froze or was
+cut off (it never closes the connection) kept a worker blocked there for 7 minutes while
+the jobs queued on the new primary expired. With 5 s, the socket times out after 15 s and
+RQ's retry reconnects, through the sentinels, to whichever server is the primary now."""
 
 
 class UnknownJobFunction(Exception):
@@ -88,6 +94,10 @@ class ConcurrentWorker(SimpleWorker):
         if result is None:
             self._slots.release()
         return result
+
+    @property
+    def dequeue_timeout(self) -> int:
+        return DEQUEUE_WAIT_S
 
     def execute_job(self, job: Job, queue: Queue) -> None:
         execution = self.prepare_execution(job)

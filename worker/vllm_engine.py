@@ -20,13 +20,17 @@ On CPU, vLLM's chunked prefill rewinds a seeded request's generator, which CPU g
 cannot do ("CPU Generator does not use offset" kills the engine). There, chunked prefill is
 off and a step's token budget covers the whole context window, so no prompt is ever split;
 the window is capped at `TOKENRELAY_VLLM_CPU_MAX_MODEL_LEN` (vLLM's warm-up runs one step of
-the full budget: 32,768 tokens of Qwen2-0.5B took over ten minutes on two cores). On GPUs
-chunked prefill is on, with `TOKENRELAY_WORKER_MAX_PREFILL_TOKENS` tokens per step.
+the full budget: 32,768 tokens of Qwen2-0.5B took over ten minutes on two cores). So that a
+burst of prompts is not prefilled in one long step (every first token waiting for the last
+prompt), new prompts are handed to vLLM whole, `TOKENRELAY_WORKER_MAX_PREFILL_TOKENS` prompt
+tokens per step (at least one prompt): the pacing chunked prefill gives, without splitting a
+prompt. On GPUs chunked prefill is on, with that many tokens per step.
 """
 
 from __future__ import annotations
 
 import os
+from collections import OrderedDict
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -100,6 +104,11 @@ class VllmEngine(ModelFilesMethods):
         except (OSError, ValueError, RuntimeError) as exc:
             raise ModelLoadError(f"vLLM could not load model {model_name!r}: {exc}") from exc
         self._eos_ids = frozenset(self._files.eos_ids)
+        #: On CPU, prompts not yet handed to vLLM (ids and vLLM's sampling params), in order.
+        self._pending: OrderedDict[str, tuple[list[int], Any]] | None = (
+            OrderedDict() if on_cpu else None
+        )
+        self._max_prefill_tokens = max_prefill_tokens
         #: Each running sequence's stop tokens and `top_logprobs` count.
         self._sequences: dict[str, tuple[frozenset[int], int]] = {}
         self.vocab_size = int(self._engine.model_config.get_vocab_size())
@@ -143,13 +152,31 @@ class VllmEngine(ModelFilesMethods):
             detokenize=False,
             output_kind=RequestOutputKind.DELTA,
         )
-        self._engine.add_request(seq_id, {"prompt_token_ids": prompt_ids}, sampling)
+        if self._pending is None:
+            self._engine.add_request(seq_id, {"prompt_token_ids": prompt_ids}, sampling)
+        else:
+            self._pending[seq_id] = (prompt_ids, sampling)
 
     def remove(self, seq_id: str) -> None:
-        self._engine.abort_request([seq_id])
+        if self._pending is None or self._pending.pop(seq_id, None) is None:
+            self._engine.abort_request([seq_id])
         self._sequences.pop(seq_id, None)
 
+    def _hand_over_pending(self) -> None:
+        """Hands vLLM the oldest pending prompts, up to the step's prompt-token budget (the
+        first one whatever its length)."""
+        budget = self._max_prefill_tokens
+        while self._pending:
+            seq_id, (prompt_ids, sampling) = next(iter(self._pending.items()))
+            if len(prompt_ids) > budget and budget < self._max_prefill_tokens:
+                return
+            del self._pending[seq_id]
+            budget -= len(prompt_ids)
+            self._engine.add_request(seq_id, {"prompt_token_ids": prompt_ids}, sampling)
+
     def step(self) -> list[TokenOutput]:
+        if self._pending:
+            self._hand_over_pending()
         outputs: list[TokenOutput] = []
         for result in self._engine.step():
             seq_id = result.request_id

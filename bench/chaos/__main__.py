@@ -4,6 +4,7 @@ worker, an API process and Redis are killed and started again; then one table.
     .venv/bin/python -m bench.chaos               # 60 s of load, then the table
     .venv/bin/python -m bench.chaos --duration 90
     .venv/bin/python -m bench.chaos --persistence # Redis with AOF (everysec), SIGKILLed
+    .venv/bin/python -m bench.chaos --failover    # Sentinel: the replica promoted mid-traffic
 
 The load: concurrent clients, each looping over streams, non-streaming completions, async
 jobs (followed to their end over SSE, resumed with `Last-Event-ID` through the other API
@@ -16,6 +17,10 @@ the load goes on after each, for at least 20 s after Redis is back. With `--pers
 Redis keeps an append-only file (`appendfsync everysec`, as compose runs it) and restarts on
 it: no accepted job may be lost, and every succeeded job's stored text must equal what its
 client received (streamed, followed over SSE, or in the completion's body).
+With `--failover`, Redis is a primary, a replica and three sentinels, every process follows
+the primary through them with `TOKENRELAY_REDIS_MIN_REPLICAS=1`, and the only fault is
+`SENTINEL FAILOVER` mid-traffic: the same two checks, and how long after the new primary
+took writes a new request was first accepted.
 After the load the bench waits for the lease set to drain, then reads every job record left
 in Redis: none may be without a terminal state, and no lease may be left.
 """
@@ -38,6 +43,7 @@ import redis.asyncio
 
 from bench.chaos.cluster import MODEL_NAME, ChaosCluster
 from tokenrelay.cli.embedded_redis import EmbeddedRedis
+from tokenrelay.cli.embedded_sentinel import SERVICE, EmbeddedSentinel
 from tokenrelay.shared import keys
 from tokenrelay.shared.jobs import JobField, JobStatus
 
@@ -58,6 +64,11 @@ HTTP_TIMEOUT = httpx.Timeout(20.0, connect=5.0)
 HTTP_LIMITS = httpx.Limits(keepalive_expiry=1.0)
 DRAIN_TIMEOUT_S = 60.0
 AFTER_REDIS_S = 20.0
+FAILOVER_AFTER_S = 10.0
+FAILOVER_SETTINGS = {
+    "TOKENRELAY_REDIS_SENTINEL_MASTER": SERVICE,
+    "TOKENRELAY_REDIS_MIN_REPLICAS": "1",
+}
 
 
 class Outcome(StrEnum):
@@ -77,8 +88,9 @@ class Tally:
     admitted: dict[str, float] = field(default_factory=dict)  # job id -> first seen
     abandoned: set[str] = field(default_factory=set)
     most_leases: int = 0
-    redis_restarted_at: float = float("inf")
+    redis_restarted_at: float = float("inf")  # or, failing over, the new primary took writes
     lost_with_redis: int = 0
+    accepted_at: list[float] = field(default_factory=list)  # a 202, a stream's 200: admitted
     received: dict[str, str] = field(default_factory=dict)  # succeeded job id -> its text
 
     def admit(self, job_id: str) -> None:
@@ -119,6 +131,7 @@ class Load:
                 await r.aread()
                 await self.refused(r)
                 return
+            self.tally.accepted_at.append(time.monotonic())
             finished = False
             job_id, text = "", ""
             async for line in r.aiter_lines():
@@ -159,6 +172,7 @@ class Load:
         if r.status_code != 202:
             await self.refused(r)
             return
+        self.tally.accepted_at.append(time.monotonic())
         job_id = r.json()["id"]
         self.tally.admit(job_id)
         if cancel:
@@ -252,7 +266,9 @@ async def sample_leases(redis_url: str, tally: Tally, stop: asyncio.Event) -> No
 Log = Callable[[str], None]
 
 
-async def chaos(cluster: ChaosCluster, ports: list[int], tally: Tally, log: Log) -> None:
+async def chaos(
+    cluster: ChaosCluster, server: EmbeddedRedis, ports: list[int], tally: Tally, log: Log
+) -> None:
     """Kill and restart a worker, an API process and Redis, one after the other."""
     await asyncio.sleep(5)
     cluster.kill_worker(cluster.workers[0])
@@ -268,13 +284,21 @@ async def chaos(cluster: ChaosCluster, ports: list[int], tally: Tally, log: Log)
     await asyncio.sleep(3)
     async with redis.asyncio.Redis.from_url(cluster.redis_url) as client:
         tally.lost_with_redis = int(await client.zcard(keys.leases()))
-    cluster.redis_server.stop()
+    server.stop()
     log(f"Redis killed with {tally.lost_with_redis} jobs in flight")
     await asyncio.sleep(3)
-    await asyncio.to_thread(cluster.redis_server.start)
+    await asyncio.to_thread(server.start)
     tally.redis_restarted_at = time.monotonic()
-    persistent = cluster.redis_server.persistent
-    log("Redis restarted " + ("on its append-only file" if persistent else "(empty)"))
+    log("Redis restarted " + ("on its append-only file" if server.persistent else "(empty)"))
+
+
+async def failover(group: EmbeddedSentinel, tally: Tally, log: Log) -> None:
+    """Ask the sentinels to promote the replica, after some load."""
+    await asyncio.sleep(FAILOVER_AFTER_S)
+    log(f"SENTINEL FAILOVER (primary :{group.primary_port()})")
+    port = await asyncio.to_thread(group.failover)
+    tally.redis_restarted_at = time.monotonic()
+    log(f"new primary :{port} takes writes")
 
 
 async def settle(redis_url: str) -> tuple[int, dict[str, str], dict[str, str]]:
@@ -301,38 +325,79 @@ async def settle(redis_url: str) -> tuple[int, dict[str, str], dict[str, str]]:
         await client.aclose()
 
 
-async def run(duration_s: float, persistent: bool) -> None:
+class Mode(StrEnum):
+    PLAIN = "plain"
+    PERSISTENCE = "persistence"
+    FAILOVER = "failover"
+
+
+Fault = Callable[[list[int]], Awaitable[None]]
+
+
+async def run(duration_s: float, mode: Mode) -> None:
     started = time.monotonic()
 
     def log(message: str) -> None:
         print(f"[{time.monotonic() - started:5.1f}s] {message}", flush=True)
 
-    with ChaosCluster(SETTINGS, redis_server=EmbeddedRedis(persistent=persistent)) as cluster:
-        ports = [cluster.start_api(), cluster.start_api()]
-        cluster.start_worker()
-        cluster.start_worker()
-        log(f"2 API processes {ports}, 2 workers, Redis {cluster.redis_url}; load starts")
-        tally = Tally()
-        load = Load(ports, tally)
-        stop = asyncio.Event()
-        sampler = asyncio.create_task(sample_leases(cluster.redis_url, tally, stop))
-        until = time.monotonic() + duration_s
-        try:
-            await asyncio.gather(
-                chaos(cluster, ports, tally, log), *(load.client(until) for _ in range(CLIENTS))
+    tally = Tally()
+    if mode is Mode.FAILOVER:
+        group = EmbeddedSentinel()
+        settings = SETTINGS | FAILOVER_SETTINGS | {"TOKENRELAY_REDIS_SENTINELS": group.sentinels}
+        with ChaosCluster(settings, redis_server=group) as cluster:
+            outcome = await under_load(
+                cluster,
+                duration_s,
+                tally,
+                log,
+                lambda ports: failover(group, tally, log),
+                lambda: f"redis://127.0.0.1:{group.primary_port()}/0",
             )
-            log("load stopped; waiting for the leases to drain")
-            leases, statuses, texts = await settle(cluster.redis_url)
-        finally:
-            stop.set()
-            await sampler
-            await load.http.aclose()
-        log("done")
-    print_table(tally, leases, statuses, texts, persistent)
+    else:
+        server = EmbeddedRedis(persistent=mode is Mode.PERSISTENCE)
+        with ChaosCluster(SETTINGS, redis_server=server) as cluster:
+            outcome = await under_load(
+                cluster,
+                duration_s,
+                tally,
+                log,
+                lambda ports: chaos(cluster, server, ports, tally, log),
+                lambda: server.url,
+            )
+    log("done")
+    print_table(tally, *outcome, mode)
+
+
+async def under_load(
+    cluster: ChaosCluster,
+    duration_s: float,
+    tally: Tally,
+    log: Log,
+    fault: Fault,
+    primary_url: Callable[[], str],
+) -> tuple[int, dict[str, str], dict[str, str]]:
+    """Two API processes and two workers under the clients' load while `fault` runs; then
+    what `settle` reads from the primary."""
+    ports = [cluster.start_api(), cluster.start_api()]
+    cluster.start_worker()
+    cluster.start_worker()
+    log(f"2 API processes {ports}, 2 workers, Redis {cluster.redis_url}; load starts")
+    load = Load(ports, tally)
+    stop = asyncio.Event()
+    sampler = asyncio.create_task(sample_leases(cluster.redis_url, tally, stop))
+    until = time.monotonic() + duration_s
+    try:
+        await asyncio.gather(fault(ports), *(load.client(until) for _ in range(CLIENTS)))
+        log("load stopped; waiting for the leases to drain")
+        return await settle(primary_url())
+    finally:
+        stop.set()
+        await sampler
+        await load.http.aclose()
 
 
 def print_table(
-    tally: Tally, leases: int, statuses: dict[str, str], texts: dict[str, str], persistent: bool
+    tally: Tally, leases: int, statuses: dict[str, str], texts: dict[str, str], mode: Mode
 ) -> None:
     terminal = {status.value for status in JobStatus if status.is_terminal}
     unfinished = [job_id for job_id, status in statuses.items() if status not in terminal]
@@ -354,13 +419,22 @@ def print_table(
         ("requests sent", sum(tally.ops.values())),
         *((f"  {outcome.value}", tally.outcomes[outcome]) for outcome in Outcome),
         ("jobs admitted (seen by clients)", len(tally.admitted)),
-        *(kept if persistent else wiped),
+        *(wiped if mode is Mode.PLAIN else kept),
         ("succeeded jobs whose text differs from what was streamed (must be 0)", len(differs)),
         ("  succeeded jobs compared", sum(j in texts for j in tally.received)),
         ("jobs without a terminal state (must be 0)", len(unfinished)),
         ("leases left (must be 0)", leases),
         ("max concurrently admitted / limit", f"{tally.most_leases} / {LIMIT}"),
     ]
+    if mode is Mode.FAILOVER:
+        after = [t - tally.redis_restarted_at for t in tally.accepted_at]
+        first = min((t for t in after if t >= 0), default=None)
+        rows.append(
+            (
+                "first request accepted after the new primary took writes (s)",
+                "none" if first is None else f"{first:.1f}",
+            )
+        )
     width = max(len(label) for label, _ in rows)
     print()
     for label, value in rows:
@@ -368,6 +442,13 @@ def print_table(
     print("\nmix:", ", ".join(f"{name} {n}" for name, n in sorted(tally.ops.items())))
     final = Counter(statuses.values())
     print("final job states:", ", ".join(f"{s} {n}" for s, n in sorted(final.items())))
+    if mode is Mode.FAILOVER:
+        later = Counter(
+            statuses.get(j, "lost")
+            for j, seen in tally.admitted.items()
+            if seen >= tally.redis_restarted_at
+        )
+        print("  of jobs seen after it:", ", ".join(f"{s} {n}" for s, n in sorted(later.items())))
     print("abandoned streams ended:", ", ".join(f"{s} {n}" for s, n in sorted(abandoned.items())))
     print("errors:", ", ".join(f"{e} {n}" for e, n in tally.errors.most_common()) or "none")
 
@@ -377,11 +458,16 @@ def main() -> None:
         prog="python -m bench.chaos", description=__doc__.splitlines()[0]
     )
     parser.add_argument("--duration", type=float, default=60.0, help="seconds of load")
-    parser.add_argument(
+    faults = parser.add_mutually_exclusive_group()
+    faults.add_argument(
         "--persistence", action="store_true", help="Redis with an append-only file (everysec)"
     )
+    faults.add_argument(
+        "--failover", action="store_true", help="Sentinel-managed Redis, failed over mid-traffic"
+    )
     args = parser.parse_args()
-    asyncio.run(run(args.duration, args.persistence))
+    mode = Mode.FAILOVER if args.failover else Mode.PERSISTENCE if args.persistence else Mode.PLAIN
+    asyncio.run(run(args.duration, mode))
 
 
 if __name__ == "__main__":

@@ -1,9 +1,10 @@
 """Real processes for `bench.chaos` and `bench.disconnect`, each killable on its own.
 
 `ChaosCluster` runs an embedded Redis (`stop()` / `start()` keep its port; a restarted Redis
-is empty unless it was made `persistent`), `tokenrelay api` processes (one uvicorn process
-each, on a port that a restart reuses) and `tokenrelay worker` processes on the tiny Qwen2
-checkpoint, all on the shared process harness (`tokenrelay.cli.harness`).
+is empty unless it was made `persistent`) or a Sentinel group (`EmbeddedSentinel`),
+`tokenrelay api` processes (one uvicorn process each, on a port that a restart reuses) and
+`tokenrelay worker` processes on the tiny Qwen2 checkpoint, all on the shared process harness
+(`tokenrelay.cli.harness`).
 """
 
 from __future__ import annotations
@@ -11,11 +12,24 @@ from __future__ import annotations
 import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Protocol
 
 from tokenrelay.cli.embedded_redis import EmbeddedRedis, free_port
 from tokenrelay.cli.harness import Child, ProcessGroup, tokenrelay_env
 
 MODEL_NAME = "tiny"
+
+
+class RedisService(Protocol):
+    """What the cluster runs its processes against: an `EmbeddedRedis` or an
+    `EmbeddedSentinel` (whose `url` names the first primary; the sentinels are settings)."""
+
+    @property
+    def url(self) -> str: ...
+
+    def start(self) -> None: ...
+
+    def __exit__(self, *exc_info: object) -> None: ...
 
 
 def build_model(directory: Path) -> Path:
@@ -30,7 +44,7 @@ class ChaosCluster:
 
     settings: dict[str, str]
     work_dir: Path = field(default_factory=lambda: Path(tempfile.mkdtemp(prefix="tokenrelay-")))
-    redis_server: EmbeddedRedis = field(default_factory=EmbeddedRedis)
+    redis_server: RedisService = field(default_factory=EmbeddedRedis)
     apis: dict[int, Child] = field(default_factory=dict)
     workers: list[Child] = field(default_factory=list)
     group: ProcessGroup = field(init=False)

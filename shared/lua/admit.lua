@@ -1,10 +1,13 @@
 -- ADMIT: the job library's KEYS and ARGV[1..26] (library.lua), then
 -- KEYS[2] recent job ids (list, newest first), KEYS[3] rejection counts (hash),
--- KEYS[4] the owner's unfinished job ids (set).
+-- KEYS[4] the owner's unfinished job ids (set), KEYS[5] the unfinished batch lines' job ids
+-- (set; for a batch line KEYS[4] is that set too, and ARGV[35] the batch lines' share).
 -- ARGV[27] job id, ARGV[28] limit, ARGV[29] queued lease (ms), ARGV[30] owner, ARGV[31] model,
 -- ARGV[32] the most expired leases to reap first, ARGV[33] how many recent job ids to keep,
 -- ARGV[34] the error type a refusal is counted under, ARGV[35] the owner's own limit
--- (0: none), ARGV[36] the error type an owner's refusal is counted under.
+-- (0: none), ARGV[36] the error type an owner's refusal is counted under, ARGV[37] 1 when
+-- batch lines do not count against ARGV[28] (interactive jobs), 0 when they do (batch lines:
+-- they take only spare capacity, and never the slots interactive jobs are admitted to).
 -- Returns {1, in_flight} when admitted, {0, in_flight} when the global limit is reached,
 -- {-1, owner_in_flight} when the owner's limit is; each followed by the ids of running jobs
 -- the reaping failed with the lease-expired error (their RQ registries still call them started).
@@ -20,6 +23,9 @@ if owner_limit > 0 then
   end
 end
 local in_flight = redis.call('ZCARD', LEASES)
+if ARGV[37] == '1' then
+  in_flight = in_flight - redis.call('SCARD', KEYS[5])
+end
 if in_flight >= limit then
   redis.call('HINCRBY', KEYS[3], ARGV[34], 1)
   return {0, in_flight, unpack(lost)}

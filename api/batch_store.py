@@ -1,0 +1,142 @@
+"""Batches in Redis: create, look up (owner-checked), list, ask to cancel.
+
+A batch is one hash (`keys.batch`) in an owner index (`keys.owner_batches`) and, until it
+ends, in the active set the feeders claim it from (`keys.active_batches`, `api.batch_feeder`).
+Its records live as long as its files: `TOKENRELAY_FILE_RETENTION_S` after it ends.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import time
+import uuid
+from typing import cast
+
+from redis.exceptions import WatchError
+from redis.typing import EncodableT, FieldT
+
+from tokenrelay.api import file_store
+from tokenrelay.api.batch_models import Batch, BatchCreate, BatchField, BatchList, BatchStatus
+from tokenrelay.api.deps import Caller
+from tokenrelay.api.state import AppState
+from tokenrelay.shared import keys
+from tokenrelay.shared.errors import BatchNotFound, InvalidRequest
+
+BATCH_ID_PATTERN = re.compile(r"^batch_[0-9a-f]{32}$")
+
+
+def batch_keys(batch_id: str) -> tuple[str, ...]:
+    """Every key of one batch, the hash first."""
+    return (
+        keys.batch(batch_id),
+        keys.batch_requests(batch_id),
+        keys.batch_pending(batch_id),
+        keys.batch_results(batch_id),
+        keys.batch_attempts(batch_id),
+    )
+
+
+async def create_batch(state: AppState, caller: Caller, body: BatchCreate) -> Batch:
+    """Record a batch as `validating`; a feeder validates and runs it (`api.batch_feeder`)."""
+    item = await file_store.get_file(state.redis, caller, body.input_file_id)
+    if item.purpose != "batch":
+        raise InvalidRequest(
+            f"the file {item.id!r} has purpose {item.purpose!r}, not `batch`",
+            param="input_file_id",
+        )
+    batch_id = f"batch_{uuid.uuid4().hex}"
+    now = int(time.time())
+    fields: dict[FieldT, EncodableT] = {
+        BatchField.OWNER: caller.owner,
+        BatchField.STATUS: BatchStatus.VALIDATING,
+        BatchField.ENDPOINT: body.endpoint,
+        BatchField.INPUT_FILE_ID: body.input_file_id,
+        BatchField.TOTAL: 0,
+        BatchField.COMPLETED: 0,
+        BatchField.FAILED: 0,
+        BatchField.NEXT_LINE: 0,
+        "created_at": now,
+        "expires_at": now + int(state.settings.batch_completion_window_s),
+    }
+    if body.metadata is not None:
+        fields[BatchField.METADATA] = json.dumps(body.metadata)
+    async with state.redis.pipeline(transaction=True) as pipe:
+        pipe.hset(keys.batch(batch_id), mapping=fields)
+        pipe.zadd(keys.owner_batches(caller.owner), {batch_id: time.time() * 1000})
+        pipe.zadd(keys.active_batches(), {batch_id: 0})
+        await pipe.execute()
+    return await get_batch(state, caller, batch_id)
+
+
+async def get_batch(state: AppState, caller: Caller, batch_id: str) -> Batch:
+    """The caller's batch; 404 for an unknown id and another key's batch alike."""
+    if BATCH_ID_PATTERN.match(batch_id):
+        fields = cast("dict[str, str]", await state.redis.hgetall(keys.batch(batch_id)))
+        if fields and caller.owns(fields.get(BatchField.OWNER)):
+            return Batch.from_redis(batch_id, fields)
+    raise BatchNotFound(f"no batch {batch_id!r}", param="batch_id")
+
+
+async def list_batches(
+    state: AppState, caller: Caller, *, after: str | None, limit: int
+) -> BatchList:
+    """One page of the caller's batches, newest first."""
+    index = keys.owner_batches(caller.owner)
+    ids = cast("list[str]", await state.redis.zrevrange(index, 0, -1))
+    if after is not None:
+        ids = ids[ids.index(after) + 1 :] if after in ids else []
+    found: list[Batch] = []
+    for batch_id in ids[: limit + 1]:
+        fields = cast("dict[str, str]", await state.redis.hgetall(keys.batch(batch_id)))
+        if not fields:
+            await state.redis.zrem(index, batch_id)
+            continue
+        found.append(Batch.from_redis(batch_id, fields))
+    has_more = len(found) > limit
+    found = found[:limit]
+    return BatchList(
+        data=found,
+        first_id=found[0].id if found else None,
+        last_id=found[-1].id if found else None,
+        has_more=has_more,
+    )
+
+
+async def request_cancel(state: AppState, caller: Caller, batch_id: str) -> Batch:
+    """Mark an unfinished batch `cancelling`; its feeder cancels its jobs and ends it."""
+    await get_batch(state, caller, batch_id)
+    stamp: dict[FieldT, EncodableT] = {
+        BatchField.STOP: "cancel",
+        "cancelling_at": int(time.time()),
+    }
+    unfinished = (BatchStatus.VALIDATING, BatchStatus.IN_PROGRESS)
+    await transition(state, batch_id, unfinished, BatchStatus.CANCELLING, stamp)
+    return await get_batch(state, caller, batch_id)
+
+
+async def transition(
+    state: AppState,
+    batch_id: str,
+    sources: tuple[BatchStatus, ...],
+    target: BatchStatus,
+    fields: dict[FieldT, EncodableT] | None = None,
+) -> bool:
+    """Move the batch to `target` (with `fields`) only if its status is one of `sources`,
+    atomically (WATCH): the feeder and a cancel never overwrite each other's transition."""
+    key = keys.batch(batch_id)
+    mapping: dict[FieldT, EncodableT] = {BatchField.STATUS: target, **(fields or {})}
+    async with state.redis.pipeline(transaction=True) as pipe:
+        while True:
+            try:
+                await pipe.watch(key)
+                status = await pipe.hget(key, BatchField.STATUS)
+                if status not in sources:
+                    await pipe.unwatch()
+                    return False
+                pipe.multi()
+                pipe.hset(key, mapping=mapping)
+                await pipe.execute()
+                return True
+            except WatchError:
+                continue

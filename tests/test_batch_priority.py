@@ -1,0 +1,90 @@
+"""Batch lines never cost interactive traffic its admission: while a batch holds its share of
+`MAX_INFLIGHT`, the full limit of interactive streams is still admitted (none refused with
+503), and their time to first token stays within 2x that of the idle cluster, same run."""
+
+from __future__ import annotations
+
+import statistics
+import time
+from concurrent.futures import ThreadPoolExecutor
+
+import httpx
+import openai
+import pytest
+import redis
+
+from tests.cluster import MODEL_NAME, ClusterFactory
+from tests.test_batches import chat_line, upload, wait_for
+from tokenrelay.cli.harness import eventually
+from tokenrelay.shared import keys
+
+pytestmark = pytest.mark.timeout(300)
+
+LIMIT = 4
+ROUNDS = 3
+
+
+def first_token_s(base_url: str) -> float:
+    """One streamed chat completion; seconds to its first content chunk. Raises on a 503."""
+    body = {
+        "model": MODEL_NAME,
+        "messages": [{"role": "user", "content": "hi"}],
+        "max_tokens": 8,
+        "stream": True,
+    }
+    started = time.perf_counter()
+    first = None
+    with (
+        httpx.Client(base_url=base_url, timeout=60) as http,
+        http.stream("POST", "/v1/chat/completions", json=body) as response,
+    ):
+        response.raise_for_status()
+        for line in response.iter_lines():
+            if first is None and line.startswith("data: {") and '"content":"' in line:
+                first = time.perf_counter() - started
+    assert first is not None
+    return first
+
+
+def interactive_round(base_url: str) -> list[float]:
+    """`LIMIT` streams at once: the whole interactive allowance."""
+    with ThreadPoolExecutor(LIMIT) as pool:
+        return list(pool.map(lambda _: first_token_s(base_url), range(LIMIT)))
+
+
+def test_interactive_streams_are_admitted_and_fast_while_a_batch_runs(
+    make_cluster: ClusterFactory,
+) -> None:
+    settings = {
+        "TOKENRELAY_MAX_INFLIGHT": str(LIMIT),
+        "TOKENRELAY_BATCH_MAX_INFLIGHT_SHARE": "0.5",
+        "TOKENRELAY_WORKER_CONCURRENCY": "8",
+    }
+    cluster = make_cluster(settings)
+    store = redis.Redis.from_url(cluster.redis_url)
+    try:
+        idle = [t for _ in range(ROUNDS) for t in interactive_round(cluster.base_url)]
+        with openai.OpenAI(base_url=f"{cluster.base_url}/v1", api_key="x", max_retries=0) as client:
+            lines = [chat_line(f"b-{i}", max_tokens=64, min_tokens=64) for i in range(40)]
+            batch = client.batches.create(
+                input_file_id=upload(client, lines),
+                endpoint="/v1/chat/completions",
+                completion_window="24h",
+            )
+            eventually(
+                lambda: int(store.scard(keys.batch_lines_inflight())) == LIMIT // 2,
+                60,
+                "the batch to hold its share",
+            )
+            busy: list[float] = []
+            held: list[int] = []
+            for _ in range(ROUNDS):
+                held.append(int(store.scard(keys.batch_lines_inflight())))
+                busy += interactive_round(cluster.base_url)  # raises on any 503
+            assert max(held) == LIMIT // 2 and min(held) > 0  # the batch held slots throughout
+            assert client.batches.retrieve(batch.id).status == "in_progress"
+            assert statistics.median(busy) <= 2 * statistics.median(idle), (idle, busy)
+            client.batches.cancel(batch.id)
+            wait_for(client, batch.id, {"cancelled"})
+    finally:
+        store.close()
