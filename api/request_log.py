@@ -135,7 +135,7 @@ def note_generation(key_id: str, request: GenerationRequest) -> None:
         record.prompt = (
             request.prompt
             if request.prompt is not None
-            else [message.model_dump() for message in request.messages]
+            else [message.model_dump(exclude_defaults=True) for message in request.messages]
         )
 
 
