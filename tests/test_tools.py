@@ -49,7 +49,10 @@ NAMED = {"type": "function", "function": {"name": "get_weather"}}
 
 @pytest.fixture(scope="module")
 def cluster(make_module_cluster: ClusterFactory) -> Cluster:
-    return make_module_cluster({"TOKENRELAY_MAX_INFLIGHT": "8"})
+    # Token by token (no coalescing), so a streamed call's arguments arrive in fragments.
+    return make_module_cluster(
+        {"TOKENRELAY_MAX_INFLIGHT": "8", "TOKENRELAY_FLUSH_INTERVAL_MS": "0"}
+    )
 
 
 @pytest.fixture
