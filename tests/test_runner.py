@@ -202,6 +202,19 @@ def test_stop_string_ends_the_run_with_stop(
     assert sync_redis.hget(keys.job("j"), "completion_tokens") == expected
 
 
+def cancel_at_step_4(
+    run: CountingScripts, settings: Settings, active: ActiveJobs
+) -> Callable[[int], None]:
+    """An engine's `on_step` that cancels job "j" as a client would during step 4."""
+
+    def cancel_at_step(step: int) -> None:
+        if step == 4:
+            assert run.run(scripts.cancel(settings, "j")) == "cancelling"
+            active.request_stop("j", StopReason.CANCELLED)
+
+    return cancel_at_step
+
+
 def test_cancel_stops_at_the_next_step(
     settings: Settings,
     sync_redis: redis.Redis,
@@ -211,12 +224,7 @@ def test_cancel_stops_at_the_next_step(
     run, active = parts
     admit(run, settings, "j")
 
-    def cancel_at_step(step: int) -> None:
-        if step == 4:
-            assert run.run(scripts.cancel(settings, "j")) == "cancelling"
-            active.request_stop("j", StopReason.CANCELLED)
-
-    engine = ScriptedEngine({"j": "abcdefghij"}, on_step=cancel_at_step)
+    engine = ScriptedEngine({"j": "abcdefghij"}, on_step=cancel_at_step_4(run, settings, active))
     outcome = runner_for(engine).generate("j", request())
     assert outcome == {"status": "cancelled"}
     # Requested during step 4 (which still yields "e"); step 5 never runs for this job.
@@ -298,12 +306,7 @@ def test_flush_interval_never_drops_the_tokens_it_held_when_a_job_is_cancelled(
     settings = Settings(redis_url=redis_url, flush_interval_ms=60_000)
     admit(run, settings, "j")
 
-    def cancel_at_step(step: int) -> None:
-        if step == 4:
-            assert run.run(scripts.cancel(settings, "j")) == "cancelling"
-            active.request_stop("j", StopReason.CANCELLED)
-
-    engine = ScriptedEngine({"j": "abcdefghij"}, on_step=cancel_at_step)
+    engine = ScriptedEngine({"j": "abcdefghij"}, on_step=cancel_at_step_4(run, settings, active))
     batcher = Batcher(engine, run, settings, active)
     batcher.start()
     try:
