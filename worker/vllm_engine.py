@@ -24,7 +24,9 @@ the full budget: 32,768 tokens of Qwen2-0.5B took over ten minutes on two cores)
 burst of prompts is not prefilled in one long step (every first token waiting for the last
 prompt), new prompts are handed to vLLM whole, `TOKENRELAY_WORKER_MAX_PREFILL_TOKENS` prompt
 tokens per step (at least one prompt): the pacing chunked prefill gives, without splitting a
-prompt. On GPUs chunked prefill is on, with that many tokens per step.
+prompt. On GPUs chunked prefill is on, with that many tokens per step. Also on CPU, a step
+whose rows all have a top-k and a top-p masks them without sorting the vocabulary
+(`vllm_top_k`).
 """
 
 from __future__ import annotations
@@ -34,6 +36,7 @@ from collections import OrderedDict
 from dataclasses import dataclass
 from typing import Any, Literal
 
+from tokenrelay.worker import vllm_top_k
 from tokenrelay.worker.engine import (
     Logprob,
     ModelLoadError,
@@ -99,6 +102,10 @@ class VllmEngine(ModelFilesMethods):
             structured_outputs_config={"backend": "xgrammar", "disable_any_whitespace": True},
             seed=0,
         )
+        if on_cpu:
+            from vllm.v1.sample.ops import topk_topp_sampler
+
+            vllm_top_k.install(topk_topp_sampler)
         try:
             self._engine: Any = LLMEngine.from_engine_args(args)
         except (OSError, ValueError, RuntimeError) as exc:
