@@ -59,8 +59,14 @@ def _source(*names: str) -> str:
 
 
 def _job_script(name: str) -> str:
-    """A script built on the job library: the clock, the library, then the script."""
-    return _source("clock.lua", "library.lua", name)
+    """A script built on the job library: the clock, the token plane's library (the job
+    library uses it where one Redis serves both planes), the job library, then the script."""
+    return _source("clock.lua", "plane.lua", "library.lua", name)
+
+
+def _plane_script(name: str) -> str:
+    """A token-plane script: the token plane's library, then the script."""
+    return _source("plane.lua", name)
 
 
 def _timed_script(name: str) -> str:
@@ -70,7 +76,9 @@ def _timed_script(name: str) -> str:
 
 ADMIT = _job_script("admit.lua")
 START = _job_script("start.lua")
-EMIT = _job_script("emit.lua")
+EMIT = _plane_script("emit.lua")
+OPEN = _plane_script("open.lua")
+CLOSE = _plane_script("close.lua")
 FINISH = _job_script("finish.lua")
 CANCEL = _job_script("cancel.lua")
 REAP = _job_script("reap.lua")
@@ -143,17 +151,27 @@ class ScriptCall:
     args: list[Arg]
 
 
+_SEPARATE_PLANE_TEMPLATES = (keys.JOB_KEY_TEMPLATES[0], "", "", "")
+"""The job library's key templates where the token plane is a Redis of its own."""
+
+
 def _library_call(
     source: str, settings: Settings, *args: Arg, extra_keys: tuple[str, ...] = ()
 ) -> ScriptCall:
+    templates = keys.JOB_KEY_TEMPLATES if settings.token_plane_shared else _SEPARATE_PLANE_TEMPLATES
     header: list[Arg] = [
-        *keys.JOB_KEY_TEMPLATES,
+        *templates,
         settings.event_log_maxlen,
         settings.result_ttl_s,
         *LIBRARY_NAMES,
         _ERRORS,
     ]
-    library_keys = [keys.leases(), *extra_keys, keys.webhook_deliveries()]
+    library_keys = [
+        keys.leases(),
+        *extra_keys,
+        keys.token_plane_outbox(),
+        keys.webhook_deliveries(),
+    ]
     return ScriptCall(source, library_keys, [*header, *args])
 
 
@@ -226,10 +244,49 @@ EmitItem = tuple[str, int, str]
 """One event for EMIT: job id, seq (numbered by the job's worker), event JSON."""
 
 
+def publish_command(settings: Settings) -> str:
+    """How token-plane scripts publish: sharded pub/sub on a Redis Cluster."""
+    return "SPUBLISH" if settings.stream_redis_cluster else "PUBLISH"
+
+
 def emit(settings: Settings, events: list[EmitItem]) -> ScriptCall:
-    """Append events of several jobs in one round trip (see `emit.lua`)."""
+    """Append events of several jobs in one round trip, on the token plane (see `emit.lua`);
+    on a Redis Cluster the events of one job only."""
+    script_keys = [key for job_id, _, _ in events for key in _log_keys(job_id)]
     flat: list[Arg] = [part for item in events for part in item]
-    return _library_call(EMIT, settings, *flat)
+    header: list[Arg] = [settings.event_log_maxlen, publish_command(settings)]
+    return ScriptCall(EMIT, script_keys, [*header, *flat])
+
+
+def _log_keys(job_id: str) -> tuple[str, str]:
+    return keys.job_events(job_id), keys.job_channel(job_id)
+
+
+def open_log(settings: Settings, job_id: str, started_event: str) -> ScriptCall:
+    """Start a job's log on a token plane of its own with its Started event (see `open.lua`)."""
+    header: list[Arg] = [settings.event_log_maxlen, publish_command(settings)]
+    return ScriptCall(OPEN, [*_log_keys(job_id)], [*header, started_event])
+
+
+def close_log(
+    settings: Settings,
+    job_id: str,
+    final_event: str,
+    final_seq: int = -1,
+    text: str | None = None,
+) -> ScriptCall:
+    """Close a job's log on a token plane of its own with its final event, only at
+    `final_seq` when that is >= 0; store `text` when given (see `close.lua`)."""
+    args: list[Arg] = [
+        settings.event_log_maxlen,
+        publish_command(settings),
+        settings.result_ttl_s,
+        final_event,
+        final_seq,
+    ]
+    if text is not None:
+        args.append(text)
+    return ScriptCall(CLOSE, [*_log_keys(job_id), keys.job_text(job_id)], args)
 
 
 @dataclass(frozen=True)
@@ -250,7 +307,8 @@ def parse_emit(reply: list[Any]) -> EmitReply:
 
 
 FINISH_BEHIND = -1
-"""FINISH's reply when the job's log lacks events below the seq its worker passed."""
+"""FINISH's (and CLOSE's) reply when the job's log lacks events below the seq its worker
+passed."""
 
 
 def finish(
