@@ -22,7 +22,7 @@ from typing import Any
 import redis.asyncio
 from redis.asyncio.client import PubSub
 from redis.asyncio.cluster import RedisCluster
-from redis.exceptions import RedisError
+from redis.exceptions import RedisClusterException, RedisError
 
 from tokenrelay.shared import keys
 from tokenrelay.shared.events import Event, is_terminal, parse_event
@@ -32,8 +32,9 @@ log = logging.getLogger(__name__)
 _SUBSCRIBE_TIMEOUT_S = 5.0
 _RECONNECT_BACKOFF_S = 0.5
 # What a dropped pub/sub connection raises: under uvloop, a command written to a transport
-# that Redis closed raises RuntimeError ("the handler is closed"), not a ConnectionError.
-_CONNECTION_ERRORS = (RedisError, OSError, RuntimeError)
+# that Redis closed raises RuntimeError ("the handler is closed"), not a ConnectionError; a
+# cluster whose slots are not all served raises RedisClusterException, not a RedisError.
+_CONNECTION_ERRORS = (RedisError, RedisClusterException, OSError, RuntimeError)
 _NODE_OPTIONS = ("username", "password", "decode_responses", "socket_connect_timeout")
 """What a cluster node's own pub/sub connection takes from the cluster client's options."""
 
@@ -179,11 +180,12 @@ class StreamHub:
         entries: Any = await self._client.xrange(log_key, min=f"1-{after_seq + 1}")
         return [_delivery(fields["e"]) for _, fields in entries]
 
-    def _listener(self, channel: str) -> _Listener:
+    async def _listener(self, channel: str) -> _Listener:
         """The listener for `channel`: on a cluster, that of the primary owning its slot."""
         client = self._client
         if not isinstance(client, RedisCluster):
             return self._listeners[""]
+        await client.initialize()  # learns the slots once; a no-op afterwards
         node = client.get_node_from_key(channel)
         if node is None:
             raise redis.exceptions.ConnectionError(f"no cluster node serves {channel!r}")
@@ -207,7 +209,7 @@ class StreamHub:
             try:  # a failure here is Redis's (the request answers 503), never a 500
                 if channel not in self._confirmed:
                     self._confirmed[channel] = asyncio.Event()
-                    listener = self._channel_listener[channel] = self._listener(channel)
+                    listener = self._channel_listener[channel] = await self._listener(channel)
                     # Subscribe on the connection the read loop listens to, never a second one.
                     await asyncio.wait_for(listener.connected.wait(), _SUBSCRIBE_TIMEOUT_S)
                     await listener.subscribe(channel)
