@@ -18,8 +18,8 @@ import redis.asyncio.cluster
 import redis.cluster
 
 from tests.cluster import MODEL_NAME, Cluster, ClusterFactory
-from tests.redis_cluster import RedisCluster, redis_cluster
 from tokenrelay.api.streams import Delivery, StreamHub
+from tokenrelay.cli.embedded_cluster import EmbeddedCluster, embedded_cluster
 from tokenrelay.cli.embedded_redis import EmbeddedRedis
 from tokenrelay.cli.harness import eventually
 from tokenrelay.shared import keys, scripts
@@ -125,19 +125,19 @@ def test_jobs_ended_on_the_control_redis_have_their_logs_closed_from_the_outbox(
 
 
 @pytest.fixture(scope="module")
-def shards() -> Iterator[RedisCluster]:
-    with redis_cluster() as cluster:
+def shards() -> Iterator[EmbeddedCluster]:
+    with embedded_cluster() as cluster:
         yield cluster
 
 
 @pytest.fixture
-def on_cluster(settings: Settings, shards: RedisCluster) -> Settings:
+def on_cluster(settings: Settings, shards: EmbeddedCluster) -> Settings:
     update = {"stream_redis_url": shards.url, "stream_redis_cluster": True}
     return settings.model_copy(update=update)
 
 
 @pytest.fixture
-def cluster_client(shards: RedisCluster) -> Iterator[redis.cluster.RedisCluster]:
+def cluster_client(shards: EmbeddedCluster) -> Iterator[redis.cluster.EmbeddedCluster]:
     client = redis.cluster.RedisCluster.from_url(shards.url, decode_responses=True)
     client.flushall()
     yield client
@@ -146,14 +146,14 @@ def cluster_client(shards: RedisCluster) -> Iterator[redis.cluster.RedisCluster]
 
 @pytest.fixture
 async def async_cluster_client(
-    shards: RedisCluster,
-) -> AsyncIterator[redis.asyncio.cluster.RedisCluster]:
+    shards: EmbeddedCluster,
+) -> AsyncIterator[redis.asyncio.cluster.EmbeddedCluster]:
     client = redis.asyncio.cluster.RedisCluster.from_url(shards.url, decode_responses=True)
     yield client
     await client.aclose()
 
 
-def ids_on_every_shard(shards: RedisCluster, count: int) -> list[str]:
+def ids_on_every_shard(shards: EmbeddedCluster, count: int) -> list[str]:
     """`count` job ids per primary, by the slot their hash tag names."""
     ranges: dict[int, list[str]] = {node.port: [] for node in shards.nodes}
     with redis.cluster.RedisCluster.from_url(shards.url) as client:
@@ -170,7 +170,7 @@ def ids_on_every_shard(shards: RedisCluster, count: int) -> list[str]:
 
 async def test_the_stream_hub_reads_sharded_channels_on_every_primary(
     on_cluster: Settings,
-    shards: RedisCluster,
+    shards: EmbeddedCluster,
     cluster_client: redis.cluster.RedisCluster,
     async_cluster_client: redis.asyncio.cluster.RedisCluster,
 ) -> None:
@@ -217,7 +217,7 @@ async def _subscribed(hub: StreamHub, count: int) -> None:
 
 
 @pytest.fixture(scope="module")
-def gateway(make_module_cluster: ClusterFactory, shards: RedisCluster) -> Cluster:
+def gateway(make_module_cluster: ClusterFactory, shards: EmbeddedCluster) -> Cluster:
     return make_module_cluster(
         {
             "TOKENRELAY_STREAM_REDIS_URL": shards.url,
@@ -248,7 +248,7 @@ def stream_chat(base_url: str, max_tokens: int) -> tuple[str, str]:
 
 
 def test_chat_streams_replays_and_cancels_with_the_token_plane_on_a_cluster(
-    gateway: Cluster, shards: RedisCluster
+    gateway: Cluster, shards: EmbeddedCluster
 ) -> None:
     streams = 24
     results: list[tuple[str, str]] = [("", "")] * streams

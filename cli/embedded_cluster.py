@@ -1,15 +1,16 @@
-"""A real Redis Cluster for the token-plane tests: three primaries on free local ports, each
-a `cluster-enabled` `redis-server` with its append-only file on, joined by
-`redis-cli --cluster create` (no replicas), ready once every node reports `cluster_state:ok`.
-Ports are picked below 55536, so that each node's cluster bus port (+10000) exists.
+"""A real Redis Cluster on local ports, for the token-plane tests and benchmarks: `primaries`
+`cluster-enabled` `redis-server` children (`EmbeddedRedis`, append-only file on), no
+replicas, the 16384 slots split evenly between them (`CLUSTER ADDSLOTSRANGE`), joined with
+`CLUSTER MEET`, ready once every node reports `cluster_state:ok`. `redis-cli --cluster
+create` does the same but refuses fewer than three primaries; a benchmark compares one
+shard with two.
 """
 
 from __future__ import annotations
 
 import contextlib
-import shutil
+import functools
 import socket
-import subprocess
 from collections.abc import Iterator
 from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass
@@ -19,27 +20,14 @@ import redis
 from tokenrelay.cli.embedded_redis import EmbeddedRedis, free_port
 from tokenrelay.cli.harness import eventually
 
+SLOTS = 16384
 READY_TIMEOUT_S = 30.0
 _BUS_PORT_OFFSET = 10_000
 """A cluster node also listens on its port + 10000 (the cluster bus)."""
 
 
-def _cluster_port() -> int:
-    """A free port whose cluster bus port is a port too (and free now)."""
-    while True:
-        port = free_port()
-        if port + _BUS_PORT_OFFSET > 65_535:
-            continue
-        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-            try:
-                sock.bind(("127.0.0.1", port + _BUS_PORT_OFFSET))
-            except OSError:
-                continue
-        return port
-
-
 @dataclass(frozen=True)
-class RedisCluster:
+class EmbeddedCluster:
     """The started cluster: its primaries, and `url`, any node's (a client finds the rest)."""
 
     nodes: tuple[EmbeddedRedis, ...]
@@ -61,6 +49,20 @@ class RedisCluster:
         return 0
 
 
+def _cluster_port() -> int:
+    """A free port whose cluster bus port is a port too, and free now."""
+    while True:
+        port = free_port()
+        if port + _BUS_PORT_OFFSET > 65_535:
+            continue
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+            try:
+                sock.bind(("127.0.0.1", port + _BUS_PORT_OFFSET))
+            except OSError:
+                continue
+        return port
+
+
 def _cluster_ok(port: int) -> bool:
     with redis.Redis(port=port, decode_responses=True) as client:
         info = client.execute_command("CLUSTER INFO")  # parsed into a dict by redis-py
@@ -68,10 +70,7 @@ def _cluster_ok(port: int) -> bool:
 
 
 @contextmanager
-def redis_cluster(primaries: int = 3) -> Iterator[RedisCluster]:
-    redis_cli = shutil.which("redis-cli")
-    if redis_cli is None:
-        raise FileNotFoundError("redis-cli is needed to create a Redis Cluster")
+def embedded_cluster(primaries: int = 3) -> Iterator[EmbeddedCluster]:
     with ExitStack() as stack:
         nodes = tuple(
             stack.enter_context(
@@ -81,15 +80,13 @@ def redis_cluster(primaries: int = 3) -> Iterator[RedisCluster]:
             )
             for _ in range(primaries)
         )
-        addresses = [f"127.0.0.1:{node.port}" for node in nodes]
-        create = ["--cluster", "create", *addresses, "--cluster-replicas", "0", "--cluster-yes"]
-        subprocess.run(
-            [redis_cli, *create],
-            check=True,
-            capture_output=True,
-            timeout=READY_TIMEOUT_S,
-        )
-        for node in nodes:
-            ready = f"cluster_state:ok on port {node.port}"
-            eventually(lambda port=node.port: _cluster_ok(port), READY_TIMEOUT_S, ready)
-        yield RedisCluster(nodes)
+        for index, node in enumerate(nodes):
+            first, last = SLOTS * index // primaries, SLOTS * (index + 1) // primaries - 1
+            with redis.Redis(port=node.port) as client:
+                client.execute_command("CLUSTER ADDSLOTSRANGE", first, last)
+                for other in nodes[index + 1 :]:
+                    client.execute_command("CLUSTER MEET", "127.0.0.1", other.port)
+        for port in (node.port for node in nodes):
+            ready = f"cluster_state:ok on port {port}"
+            eventually(functools.partial(_cluster_ok, port), READY_TIMEOUT_S, ready)
+        yield EmbeddedCluster(nodes)
