@@ -3,27 +3,35 @@
 The sources are files of `shared/lua/`, loaded as package resources and joined here:
 `clock.lua` (`now_ms`, the one reader of Redis `TIME`, so the clocks of API nodes and workers
 never matter) comes first in every script that reads the time, and the job library
-(`library.lua`) follows it in every script that may end a job. The library: `emit` assigns the
-next `seq`, appends the event to the job's replay log and publishes it (EMIT instead applies
-the seq the running job's worker numbered, so a resend is a no-op); `finish` moves a
-job to a terminal state exactly once (a job already terminal is left alone), emits its
-final event, releases its lease and puts the result keys on their TTL; `reap` ends jobs
-whose lease expired; `webhook` queues a webhook delivery when a job that asked for one
-(hash fields `JobField.WEBHOOK`, `JobField.WEBHOOK_EVENTS`) starts (`start`, in START) or
+(`library.lua`), after the token plane's (`plane.lua`), follows it in every script that may
+end a job. The library: `emit` appends an event at the job's next `seq` to its replay log
+and publishes it (EMIT instead applies the seq the running job's worker numbered, so a resend
+is a no-op); `finish` moves a job to a terminal state exactly once (a job already terminal
+is left alone), emits its final event (or, where the token plane is a Redis of its own,
+leaves it in the outbox), releases its lease and puts the result keys on their TTL; `reap`
+ends jobs whose lease expired; `webhook` queues a webhook delivery when a job that asked for
+one (hash fields `JobField.WEBHOOK`, `JobField.WEBHOOK_EVENTS`) starts (`start`, in START) or
 ends (`completed`, in `finish`), in the same script as the transition, so none is lost or
 made twice; the dispatchers in `api.webhooks` send them (`api.webhook_queue` runs the
 WEBHOOK_* scripts).
 
 Common arguments of the library scripts (`library.lua`'s header):
     KEYS[1]  the lease set (`shared.keys.leases()`)
+    KEYS[#KEYS - 1]  the token plane's outbox (`shared.keys.token_plane_outbox()`)
     KEYS[#KEYS]  the webhook delivery list (`shared.keys.webhook_deliveries()`), always last
-    ARGV[1..4]  key templates: job hash, event log, channel, text (`JOB_KEY_TEMPLATES`)
+    ARGV[1..4]  key templates: job hash, event log, channel, text (`JOB_KEY_TEMPLATES`); the
+                last three empty when the token plane is a Redis of its own
     ARGV[5]  event log MAXLEN (approximate)
     ARGV[6]  result TTL in seconds
     ARGV[7..25]  the job hash's field names and job statuses it uses (`LIBRARY_NAMES`)
     ARGV[26]  the errors the scripts end jobs with (`shared.errors`), as JSON
 Script-specific arguments start at ARGV[27] (`LIBRARY_ARGC + 1`); each file's header lists
 them. Lua spells no error type, message, job status or job hash field name.
+
+The token plane's scripts (`plane.lua`, then `emit.lua`, `open.lua` or `close.lua`) take
+every key in KEYS, one job's (EMIT: several jobs' on a plain Redis), so they run on a Redis
+Cluster too; with `TOKENRELAY_STREAM_REDIS_URL` they run on that Redis, the job library's
+on the control Redis (`shared.token_plane`).
 
 The wrappers build a `ScriptCall`; the async API and the sync worker each run it on their
 own client (`shared.script_runner`) and parse the reply here.
