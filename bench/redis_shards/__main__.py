@@ -1,16 +1,18 @@
 """Redis CPU per token per shard with the token plane on a Redis Cluster of one primary, then
 of two (issue 16 item 6).
 
-For each size: a fresh `tokenrelay.cli.embedded_cluster`, `--jobs` running jobs whose logs
-OPEN starts, `--drivers` processes that send their jobs' token events the way a worker on a
-cluster does (`worker.delivery.Courier`: one EMIT per job per step, SPUBLISH), and one
-sharded subscriber per primary reading every channel, as an API's stream hub does. Prints,
-per shard, the tokens it served, its Redis main-thread CPU per token of the whole run (its
-CPU / all tokens: what halves when a second shard takes half the jobs) and how busy its main
-thread was, and the token rate the cluster would sustain with its busiest shard at 100 %
-(all tokens/s ÷ that shard's busy share). The drivers, not Redis, bound the rate a 2-core
-box offers, so the sustained rate is this extrapolation, not a measured saturation; the
-one-primary run is the same-run peer of the ratio.
+For each size: a fresh `tokenrelay.cli.embedded_cluster`; `--jobs` running jobs whose logs
+OPEN starts, picked so that each primary owns as many (random ids split so on average; the
+bench removes the ±√n spread, which would charge the busiest shard for luck); `--drivers`
+processes that send their jobs' token events the way a worker on a cluster does
+(`worker.delivery.Courier`: one EMIT per job per step, SPUBLISH); one sharded subscriber per
+primary reading every channel, as an API's stream hub does. Prints, per shard, its jobs,
+its commands and Redis main-thread CPU per token of the whole run (its share / all tokens:
+what halves when a second shard takes half the jobs) and how busy its main thread was, and the token
+rate the cluster would sustain with its busiest shard at 100 % (all tokens/s ÷ that
+shard's busy share). The drivers, not Redis, bound the rate a 2-core box offers, so the
+sustained rate is this extrapolation, not a measured saturation; the one-primary run is
+the same-run peer of the ratio.
 
     .venv/bin/python -m bench.redis_shards [--seconds 5] [--jobs 64] [--drivers 2]
 """
@@ -18,6 +20,7 @@ one-primary run is the same-run peer of the ratio.
 from __future__ import annotations
 
 import argparse
+import itertools
 import multiprocessing
 import os
 import socket
@@ -77,11 +80,19 @@ def _main_thread_cpu_s(port: int) -> float:
     return float(info["used_cpu_sys_main_thread"]) + float(info["used_cpu_user_main_thread"])
 
 
+def _commands(port: int) -> int:
+    """Commands the node ran, scripts' own calls included (its INFO calls left out)."""
+    with redis.Redis(port=port) as client:
+        stats = client.info("commandstats")
+    return sum(int(v["calls"]) for name, v in stats.items() if name != "cmdstat_info")
+
+
 @dataclass(frozen=True)
 class Shard:
     port: int
     jobs: int
     cpu_s: float
+    commands: int
 
 
 @dataclass(frozen=True)
@@ -109,16 +120,21 @@ def measure(primaries: int, jobs: int, drivers: int, seconds: float) -> Run:
 
 def _measure(cluster: EmbeddedCluster, jobs: int, drivers: int, seconds: float) -> Run:
     settings = _settings(cluster.url)
-    job_ids = [f"bench{n}" for n in range(jobs)]
     by_port: dict[int, list[str]] = {node.port: [] for node in cluster.nodes}
+    per_shard = jobs // len(cluster.nodes)
     with redis.cluster.RedisCluster.from_url(cluster.url, decode_responses=True) as client:
+        for n in itertools.count():
+            if all(len(ids) == per_shard for ids in by_port.values()):
+                break
+            node = client.get_node_from_key(keys.job_channel(f"bench{n}"))
+            assert node is not None
+            if len(by_port[int(node.port)]) < per_shard:
+                by_port[int(node.port)].append(f"bench{n}")
+        job_ids = [job_id for ids in zip(*by_port.values(), strict=True) for job_id in ids]
         run = SyncScripts(client)
         started = Started(worker="bench", prompt_tokens=1).to_wire()
         for job_id in job_ids:
             run.run(scripts.open_log(settings, job_id, started))
-            node = client.get_node_from_key(keys.job_channel(job_id))
-            assert node is not None
-            by_port[int(node.port)].append(job_id)
     stop = threading.Event()
     drains = [
         threading.Thread(
@@ -131,6 +147,7 @@ def _measure(cluster: EmbeddedCluster, jobs: int, drivers: int, seconds: float) 
         drain.start()
     sent: multiprocessing.Queue = multiprocessing.Queue()
     cpu0 = {port: _main_thread_cpu_s(port) for port in by_port}
+    commands0 = {port: _commands(port) for port in by_port}
     t0 = time.perf_counter()
     processes = [
         multiprocessing.Process(
@@ -145,7 +162,12 @@ def _measure(cluster: EmbeddedCluster, jobs: int, drivers: int, seconds: float) 
     for process in processes:
         process.join(timeout=10)
     shards = [
-        Shard(port, len(ids), _main_thread_cpu_s(port) - cpu0[port])
+        Shard(
+            port,
+            len(ids),
+            _main_thread_cpu_s(port) - cpu0[port],
+            _commands(port) - commands0[port],
+        )
         for port, ids in by_port.items()
     ]
     stop.set()
@@ -164,10 +186,11 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     print(f"load average before: {' '.join(f'{v:.2f}' for v in os.getloadavg())}")
     print(
-        "| primaries | shard | jobs on it | tokens/s (all) | shard CPU µs per token (of all) "
-        "| shard main thread busy | tok/s at 100 % of the busiest shard |"
+        "| primaries | shard | jobs on it | tokens/s (all) | shard commands per token (of all) "
+        "| shard CPU µs per token (of all) | shard main thread busy "
+        "| tok/s at 100 % of the busiest shard |"
     )
-    print("|---|---|---|---|---|---|---|")
+    print("|---|---|---|---|---|---|---|---|")
     runs = []
     for primaries in (1, 2):
         run = measure(primaries, args.jobs, args.drivers, args.seconds)
@@ -175,6 +198,7 @@ def main(argv: list[str] | None = None) -> int:
         for index, shard in enumerate(run.shards):
             print(
                 f"| {primaries} | {index + 1} | {shard.jobs} | {run.rate:,.0f} "
+                f"| {shard.commands / run.events:.2f} "
                 f"| {1e6 * shard.cpu_s / run.events:.2f} | {100 * shard.cpu_s / run.wall_s:.0f} % "
                 f"| {run.sustained:,.0f} |"
             )
