@@ -18,8 +18,10 @@ import redis
 import redis.asyncio
 import redis.asyncio.cluster
 import redis.cluster
+from fastapi.testclient import TestClient
 
 from tests.cluster import MODEL_NAME, Cluster, ClusterFactory
+from tokenrelay.api.app import create_app
 from tokenrelay.api.streams import Delivery, StreamHub
 from tokenrelay.cli.embedded_cluster import EmbeddedCluster, embedded_cluster
 from tokenrelay.cli.embedded_redis import EmbeddedRedis
@@ -310,3 +312,27 @@ def job_events(http: httpx.Client, job_id: str, last_event_id: int | None = None
             for line in response.iter_lines()
             if line.startswith("data: ")
         ]
+
+
+def test_the_api_closes_logs_on_the_token_plane_and_is_unready_without_it(
+    split: Settings, plane_server: EmbeddedRedis, plane: redis.Redis, sync_redis: redis.Redis
+) -> None:
+    app = create_app(split.model_copy(update={"served_model_name": "m"}))
+    with TestClient(app) as client:
+        assert client.get("/readyz").status_code == 200
+        job_id = client.post("/v1/jobs", json={"model": "m", "messages": MESSAGES}).json()["id"]
+        assert client.delete(f"/v1/jobs/{job_id}").json()["status"] == "cancelled"
+        stream = client.get(f"/v1/jobs/{job_id}/events").text.splitlines()
+        sent = [json.loads(line[6:]) for line in stream if line.startswith("data: ")]
+        assert [(e["seq"], e["type"], e["error_type"]) for e in sent] == [(0, "error", "cancelled")]
+        assert log_events(plane, job_id) == sent
+        assert sync_redis.hlen(keys.token_plane_outbox()) == 0
+        assert sync_redis.keys(TOKEN_KEY_PATTERN) == []
+        plane_server.stop()
+        try:
+            response = client.get("/readyz")
+            assert response.status_code == 503
+            assert "token plane" in response.json()["error"]["message"]
+        finally:
+            plane_server.start()
+        eventually(lambda: client.get("/readyz").status_code == 200, 10, "ready again")
