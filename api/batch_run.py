@@ -123,10 +123,13 @@ async def collect(state: AppState, run: BatchRun) -> None:
     async with state.redis.pipeline(transaction=False) as pipe:
         for job_id in jobs.values():
             pipe.hgetall(keys.job(job_id))
-            pipe.get(keys.job_text(job_id))
-        replies = await pipe.execute()
+        hashes = await pipe.execute()
+    async with state.plane.pipeline(transaction=False) as plane_pipe:
+        for job_id in jobs.values():
+            plane_pipe.get(keys.job_text(job_id))
+        texts = await plane_pipe.execute()
     ids = await _custom_ids(state, run, list(jobs))
-    for (line, job_id), fields, text in zip(jobs.items(), replies[::2], replies[1::2], strict=True):
+    for (line, job_id), fields, text in zip(jobs.items(), hashes, texts, strict=True):
         if not fields:
             await _wait_again(state, run, line)
             continue

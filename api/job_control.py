@@ -23,6 +23,7 @@ from tokenrelay.shared.rq_jobs import (
     fail_lost_jobs,
     remove_queued,
 )
+from tokenrelay.shared.token_plane import drain_outbox
 
 log = logging.getLogger(__name__)
 
@@ -100,6 +101,7 @@ async def submit(
         fields = error_fields(error)
         finish = scripts.finish(settings, job_id, JobStatus.FAILED, dict(fields), error.to_wire())
         await state.scripts.run(finish)
+        await drain_outbox(state.redis, state.plane_scripts, settings)
         raise RedisUnavailable("the job could not be enqueued; retry shortly") from exc
     return job_id
 
@@ -109,7 +111,7 @@ async def get_record(state: AppState, caller: Caller, job_id: str) -> JobRecord:
     request_log.note_job(job_id, caller.owner)
     if not JOB_ID_PATTERN.match(job_id):
         raise JobNotFound(f"no job {job_id!r}")
-    fields, text = await read_job(state.redis, job_id)
+    fields, text = await read_job(state.redis, state.plane, job_id)
     if not fields or not caller.owns(fields.get(JobField.OWNER)):
         raise JobNotFound(f"no job {job_id!r}")
     return JobRecord.from_redis(job_id, fields, text)
@@ -119,6 +121,7 @@ async def cancel(state: AppState, job_id: str) -> str | None:
     """Cancel a job: a queued one ends now, a running one stops at its next decoding step."""
     outcome = await state.scripts.run(scripts.cancel(state.settings, job_id))
     if outcome == JobStatus.CANCELLED:
+        await drain_outbox(state.redis, state.plane_scripts, state.settings)
         await asyncio.to_thread(remove_queued, state.rq_connection, job_id)
     return scripts.decode_text(outcome)
 

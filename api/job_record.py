@@ -10,19 +10,27 @@ from __future__ import annotations
 from typing import Any
 
 import redis.asyncio
+from redis.asyncio.cluster import RedisCluster
 
 from tokenrelay.shared import keys
 from tokenrelay.shared.events import TokenChunk, parse_event
 
 
-async def read_job(client: redis.asyncio.Redis, job_id: str) -> tuple[dict[str, str], str]:
-    """The job's hash (empty when unknown) and its text so far, or final."""
-    async with client.pipeline(transaction=False) as pipe:
-        pipe.hgetall(keys.job(job_id))
-        pipe.get(keys.job_text(job_id))
-        fields, text = await pipe.execute()
+async def read_job(
+    client: redis.asyncio.Redis, plane: redis.asyncio.Redis | RedisCluster, job_id: str
+) -> tuple[dict[str, str], str]:
+    """The job's hash (empty when unknown), from the control Redis `client`, and its text so
+    far, or final, from the token plane's `plane` (the same client when one Redis holds both)."""
+    if plane is client:
+        async with client.pipeline(transaction=False) as pipe:
+            pipe.hgetall(keys.job(job_id))
+            pipe.get(keys.job_text(job_id))
+            fields, text = await pipe.execute()
+    else:
+        fields = await client.hgetall(keys.job(job_id))
+        text = await plane.get(keys.job_text(job_id))
     if text is None and fields:
-        entries: Any = await client.xrange(keys.job_events(job_id))
+        entries: Any = await plane.xrange(keys.job_events(job_id))
         chunks = (parse_event(entry["e"]) for _, entry in entries)
         text = "".join(chunk.text for chunk in chunks if isinstance(chunk, TokenChunk))
     return fields, text or ""

@@ -1,4 +1,5 @@
-"""The API's share of lease reaping: any live process ends jobs whose lease expired."""
+"""The API's share of lease reaping: any live process ends jobs whose lease expired, and
+closes the logs of jobs ended so on a token plane of its own (`shared.token_plane`)."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ from redis.exceptions import RedisError
 from tokenrelay.api.state import AppState
 from tokenrelay.shared import scripts
 from tokenrelay.shared.rq_jobs import fail_lost_jobs
+from tokenrelay.shared.token_plane import drain_outbox
 
 log = logging.getLogger(__name__)
 
@@ -24,5 +26,6 @@ async def reap_forever(state: AppState) -> None:
                 await asyncio.to_thread(
                     fail_lost_jobs, state.rq_connection, lost, state.settings.result_ttl_s
                 )
+            await drain_outbox(state.redis, state.plane_scripts, state.settings)
         except RedisError as exc:
             log.warning("lease reaping skipped: %s", exc)

@@ -9,6 +9,8 @@ from typing import Any
 
 import redis.asyncio
 from redis import Redis
+from redis.asyncio import Redis as AsyncRedis
+from redis.asyncio.cluster import RedisCluster
 
 from tokenrelay.api.api_keys import KeyRing
 from tokenrelay.api.prompt_fit import PromptFit
@@ -28,8 +30,12 @@ class AppState:
     #: The same Redis as `redis` without response decoding: file content is bytes.
     redis_bytes: redis.asyncio.Redis
     redis: redis.asyncio.Redis
+    #: The token plane's Redis (`TOKENRELAY_STREAM_REDIS_URL`): `redis` when it holds both.
+    plane: AsyncRedis | RedisCluster
     rq_connection: Redis
     scripts: AsyncScripts
+    #: Scripts on `plane`: `scripts` when one Redis holds both planes.
+    plane_scripts: AsyncScripts
     hub: StreamHub
     keys: KeyRing
     prompt_fit: PromptFit
@@ -49,9 +55,19 @@ class AppState:
             health_check_interval=30,
             socket_connect_timeout=REDIS_CONNECT_TIMEOUT_S,
         )
+        control_scripts = AsyncScripts(client)
+        plane = redis_connect.stream_async_client(
+            settings,
+            max_connections=settings.redis_pool_size,
+            pool_wait_s=REDIS_POOL_WAIT_S,
+            decode_responses=True,
+            health_check_interval=30,
+            socket_connect_timeout=REDIS_CONNECT_TIMEOUT_S,
+        )
         return cls(
             settings=settings,
             redis=client,
+            plane=client if plane is None else plane,
             redis_bytes=redis_connect.async_client(
                 settings,
                 max_connections=BYTES_POOL_SIZE,
@@ -63,8 +79,9 @@ class AppState:
             rq_connection=redis_connect.sync_client(
                 settings, max_connections=settings.redis_pool_size, pool_wait_s=REDIS_POOL_WAIT_S
             ),
-            scripts=AsyncScripts(client),
-            hub=StreamHub(client),
+            scripts=control_scripts,
+            plane_scripts=control_scripts if plane is None else AsyncScripts(plane),
+            hub=StreamHub(client if plane is None else plane),
             keys=KeyRing.from_settings(settings),
             prompt_fit=PromptFit(client),
         )
@@ -81,5 +98,7 @@ class AppState:
         await self.hub.close()
         self.prompt_fit.close()
         await self.redis.aclose()
+        if self.plane is not self.redis:
+            await self.plane.aclose()
         await self.redis_bytes.aclose()
         self.rq_connection.close()

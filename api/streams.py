@@ -1,4 +1,5 @@
-"""Fan-out of job events: one pub/sub connection per API process, shared by all its streams.
+"""Fan-out of job events: one pub/sub connection per API process (per primary node of a
+Redis Cluster token plane, with sharded pub/sub), shared by all its streams.
 
 `StreamHub.events(job_id, after_seq)` yields a job's events in `seq` order and ends with its
 terminal event. Each comes as a `Delivery`, parsed once per message however many streams read
@@ -19,7 +20,9 @@ from dataclasses import dataclass
 from typing import Any
 
 import redis.asyncio
-from redis.exceptions import RedisError
+from redis.asyncio.client import PubSub
+from redis.asyncio.cluster import RedisCluster
+from redis.exceptions import RedisClusterException, RedisError
 
 from tokenrelay.shared import keys
 from tokenrelay.shared.events import Event, is_terminal, parse_event
@@ -29,8 +32,11 @@ log = logging.getLogger(__name__)
 _SUBSCRIBE_TIMEOUT_S = 5.0
 _RECONNECT_BACKOFF_S = 0.5
 # What a dropped pub/sub connection raises: under uvloop, a command written to a transport
-# that Redis closed raises RuntimeError ("the handler is closed"), not a ConnectionError.
-_CONNECTION_ERRORS = (RedisError, OSError, RuntimeError)
+# that Redis closed raises RuntimeError ("the handler is closed"), not a ConnectionError; a
+# cluster whose slots are not all served raises RedisClusterException, not a RedisError.
+_CONNECTION_ERRORS = (RedisError, RedisClusterException, OSError, RuntimeError)
+_NODE_OPTIONS = ("username", "password", "decode_responses", "socket_connect_timeout")
+"""What a cluster node's own pub/sub connection takes from the cluster client's options."""
 
 
 class Heartbeat:
@@ -52,24 +58,80 @@ class Delivery:
 StreamItem = Delivery | Heartbeat
 
 
-class StreamHub:
-    def __init__(self, client: redis.asyncio.Redis) -> None:
-        self._client = client
-        self._pubsub = client.pubsub()
-        self._readers: dict[str, set[asyncio.Queue[Any]]] = {}
-        self._confirmed: dict[str, asyncio.Event] = {}
-        self._connected = asyncio.Event()
+class _Listener:
+    """One pub/sub connection and the task reading it: the hub's only one on a plain Redis,
+    one per primary node on a Redis Cluster (sharded pub/sub: SSUBSCRIBE on the node that
+    owns the channel's slot)."""
+
+    def __init__(self, hub: StreamHub, pubsub: PubSub, *, sharded: bool) -> None:
+        self.pubsub = pubsub
+        self.connected = asyncio.Event()
+        self._hub = hub
+        self._sharded = sharded
         self._task: asyncio.Task[None] | None = None
 
     def start(self) -> None:
-        self._task = asyncio.create_task(self._read_loop(), name="stream-hub")
+        if self._task is None:
+            self._task = asyncio.create_task(self._read_loop(), name="stream-hub")
+
+    async def subscribe(self, channel: str) -> None:
+        if self._sharded:
+            await self.pubsub.ssubscribe(channel)
+        else:
+            await self.pubsub.subscribe(channel)
+
+    async def unsubscribe(self, channel: str) -> None:
+        if self._sharded:
+            await self.pubsub.sunsubscribe(channel)
+        else:
+            await self.pubsub.unsubscribe(channel)
 
     async def close(self) -> None:
         if self._task is not None:
             self._task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await self._task
-        await self._pubsub.aclose()
+        await self.pubsub.aclose()
+
+    async def _read_loop(self) -> None:
+        while True:
+            try:
+                await self.pubsub.connect()
+                self.connected.set()
+                while True:
+                    message = await self.pubsub.get_message(timeout=1.0)
+                    if message is not None:
+                        self._hub.dispatch(message)
+            except _CONNECTION_ERRORS as exc:
+                log.warning("pub/sub connection lost, reconnecting: %s", exc)
+                self.connected.clear()
+                self._hub.resync()
+                await asyncio.sleep(_RECONNECT_BACKOFF_S)
+
+
+class StreamHub:
+    """The API process's readers of jobs' events, on the token plane's Redis `client`; a
+    Redis Cluster client reads the logs from the node owning each job's slot and listens
+    on one sharded pub/sub connection per primary node."""
+
+    def __init__(self, client: redis.asyncio.Redis | RedisCluster) -> None:
+        self._client = client
+        self._listeners: dict[str, _Listener] = {}
+        self._readers: dict[str, set[asyncio.Queue[Any]]] = {}
+        self._confirmed: dict[str, asyncio.Event] = {}
+        self._channel_listener: dict[str, _Listener] = {}
+        self._started = False
+        if not isinstance(client, RedisCluster):
+            self._listeners[""] = _Listener(self, client.pubsub(), sharded=False)
+
+    def start(self) -> None:
+        self._started = True
+        for listener in self._listeners.values():
+            listener.start()
+
+    async def close(self) -> None:
+        for listener in self._listeners.values():
+            await listener.close()
 
     @property
     def channel_count(self) -> int:
@@ -118,6 +180,25 @@ class StreamHub:
         entries: Any = await self._client.xrange(log_key, min=f"1-{after_seq + 1}")
         return [_delivery(fields["e"]) for _, fields in entries]
 
+    async def _listener(self, channel: str) -> _Listener:
+        """The listener for `channel`: on a cluster, that of the primary owning its slot."""
+        client = self._client
+        if not isinstance(client, RedisCluster):
+            return self._listeners[""]
+        await client.initialize()  # learns the slots once; a no-op afterwards
+        node = client.get_node_from_key(channel)
+        if node is None:
+            raise redis.exceptions.ConnectionError(f"no cluster node serves {channel!r}")
+        listener = self._listeners.get(node.name)
+        if listener is None:
+            options: dict[str, Any] = {k: node.connection_kwargs.get(k) for k in _NODE_OPTIONS}
+            node_client = redis.asyncio.Redis(host=node.host, port=int(node.port), **options)
+            listener = _Listener(self, node_client.pubsub(), sharded=True)
+            self._listeners[node.name] = listener
+            if self._started:
+                listener.start()
+        return listener
+
     @contextlib.asynccontextmanager
     async def _subscription(self, job_id: str) -> AsyncIterator[asyncio.Queue[Any]]:
         channel = keys.job_channel(job_id)
@@ -128,9 +209,10 @@ class StreamHub:
             try:  # a failure here is Redis's (the request answers 503), never a 500
                 if channel not in self._confirmed:
                     self._confirmed[channel] = asyncio.Event()
+                    listener = self._channel_listener[channel] = await self._listener(channel)
                     # Subscribe on the connection the read loop listens to, never a second one.
-                    await asyncio.wait_for(self._connected.wait(), _SUBSCRIBE_TIMEOUT_S)
-                    await self._pubsub.subscribe(channel)
+                    await asyncio.wait_for(listener.connected.wait(), _SUBSCRIBE_TIMEOUT_S)
+                    await listener.subscribe(channel)
                 await asyncio.wait_for(self._confirmed[channel].wait(), _SUBSCRIBE_TIMEOUT_S)
             except _CONNECTION_ERRORS as exc:  # TimeoutError is an OSError
                 message = f"pub/sub subscription failed: {exc!r}"
@@ -141,34 +223,23 @@ class StreamHub:
             if not readers:
                 del self._readers[channel]
                 self._confirmed.pop(channel, None)
-                with contextlib.suppress(*_CONNECTION_ERRORS):
-                    await self._pubsub.unsubscribe(channel)
+                with contextlib.suppress(*_CONNECTION_ERRORS, KeyError):
+                    await self._channel_listener.pop(channel).unsubscribe(channel)
 
-    async def _read_loop(self) -> None:
-        while True:
-            try:
-                await self._pubsub.connect()
-                self._connected.set()
-                while True:
-                    message = await self._pubsub.get_message(timeout=1.0)
-                    if message is not None:
-                        self._dispatch(message)
-            except _CONNECTION_ERRORS as exc:
-                log.warning("pub/sub connection lost, reconnecting: %s", exc)
-                self._connected.clear()
-                for readers in self._readers.values():
-                    for queue in readers:
-                        queue.put_nowait(_RESYNC)
-                await asyncio.sleep(_RECONNECT_BACKOFF_S)
+    def resync(self) -> None:
+        """A pub/sub connection dropped: every reader re-reads its log from its last seq."""
+        for readers in self._readers.values():
+            for queue in readers:
+                queue.put_nowait(_RESYNC)
 
-    def _dispatch(self, message: dict[str, Any]) -> None:
+    def dispatch(self, message: dict[str, Any]) -> None:
         channel = _text(message["channel"])
-        if message["type"] == "subscribe":
+        if message["type"] in ("subscribe", "ssubscribe"):
             confirmed = self._confirmed.get(channel)
             if confirmed is not None:
                 confirmed.set()
             return
-        if message["type"] != "message":
+        if message["type"] not in ("message", "smessage"):
             return
         delivery = _delivery(message["data"])
         for queue in self._readers.get(channel, ()):

@@ -42,6 +42,7 @@ from typing import TypeVar
 
 import httpx
 import redis.asyncio
+from redis.asyncio.cluster import RedisCluster
 from redis.exceptions import RedisError
 
 from tokenrelay.api.job_record import read_job
@@ -119,12 +120,15 @@ class Dispatcher:
         resolver: Resolver = resolve_host,
         dispatcher_id: str | None = None,
         clock: Callable[[], float] = time.time,
+        plane: redis.asyncio.Redis | RedisCluster | None = None,
     ) -> None:
+        """`plane`: the token plane's Redis, where jobs' texts are (None: `client`'s)."""
         key = settings.webhook_key
         if key is None:
             raise ValueError("a webhook dispatcher needs TOKENRELAY_WEBHOOK_SECRET")
         self._key = key
         self._redis = client
+        self._plane = plane or client
         self._settings = settings
         self._http = http
         self._resolver = resolver
@@ -173,7 +177,7 @@ class Dispatcher:
         return Outcome.DELIVERED
 
     async def _attempt(self, delivery: Delivery) -> None:
-        fields, text = await read_job(self._redis, delivery.job_id)
+        fields, text = await read_job(self._redis, self._plane, delivery.job_id)
         url = fields.get(JobField.WEBHOOK) if fields else None
         if not url or JobField.STATUS not in fields:
             raise _Permanent("the job's record has expired or has no webhook")
@@ -318,4 +322,4 @@ async def dispatch_webhooks(state: AppState) -> None:
     async with httpx.AsyncClient(
         timeout=timeout, limits=limits, follow_redirects=False, trust_env=False
     ) as http:
-        await Dispatcher(state.redis, state.settings, http).run()
+        await Dispatcher(state.redis, state.settings, http, plane=state.plane).run()

@@ -1,7 +1,12 @@
 """The Redis key schema: every key and channel tokenrelay uses is built here, nowhere else.
 
-Lua scripts receive the per-job key names as templates built by these same functions
-(`JOB_KEY_TEMPLATES`), so not even a script spells a key by hand.
+Lua scripts receive key names in KEYS, or (the job library, which ends jobs it finds in the
+lease set) as templates built by these same functions (`JOB_KEY_TEMPLATES`), so not even a
+script spells a key by hand.
+
+The token plane (a job's event log, channel and text) may live on its own Redis, a Redis
+Cluster among them (`TOKENRELAY_STREAM_REDIS_URL`): its keys carry the job id as a hash tag,
+`{<id>}`, so a job's three keys share one cluster slot and one script can touch them all.
 """
 
 from __future__ import annotations
@@ -21,19 +26,28 @@ def job(job_id: str) -> str:
 
 
 def job_events(job_id: str) -> str:
-    """Stream holding a job's replay log: every event, in `seq` order."""
-    return f"{PREFIX}:job:{job_id}:events"
+    """Stream holding a job's replay log: every event, in `seq` order (token plane)."""
+    return f"{PREFIX}:job:{{{job_id}}}:events"
 
 
 def job_channel(job_id: str) -> str:
-    """Pub/sub channel on which a job's events are published live."""
-    return f"{PREFIX}:job:{job_id}:channel"
+    """Pub/sub channel on which a job's events are published live (token plane; a shard
+    channel on a Redis Cluster)."""
+    return f"{PREFIX}:job:{{{job_id}}}:channel"
 
 
 def job_text(job_id: str) -> str:
     """String holding a job's whole text, written once by its worker's FINISH (the text of a
-    job still running, or ended by another process, is its event log's: `api.job_record`)."""
-    return f"{PREFIX}:job:{job_id}:text"
+    job still running, or ended by another process, is its event log's: `api.job_record`);
+    token plane."""
+    return f"{PREFIX}:job:{{{job_id}}}:text"
+
+
+def token_plane_outbox() -> str:
+    """Hash of the final events of jobs ended on the control Redis (reaped, cancelled before
+    start) whose event log, on a token plane of its own, is not closed yet: job id → final
+    event. Drained by `shared.token_plane`; empty when one Redis serves both."""
+    return f"{PREFIX}:token-plane:outbox"
 
 
 def owner_jobs(owner: str) -> str:

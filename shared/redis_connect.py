@@ -10,6 +10,11 @@ own): redis-py's Sentinel pools look the primary up on every new connection, and
 connection whose server answers as a replica (READONLY), so the next command reaches the new
 primary after a failover.
 
+`TOKENRELAY_STREAM_REDIS_URL`, when set, names the token plane's own Redis (job event logs,
+channels, texts: `shared.keys`), with `TOKENRELAY_STREAM_REDIS_CLUSTER` a Redis Cluster
+reached through any of its nodes; `stream_sync_client` and `stream_async_client` connect to
+it, and return None when the control Redis holds the token plane too.
+
 `is_primary` reads `ROLE`: a replica answers PING and reads too, so readiness asks this.
 """
 
@@ -20,12 +25,17 @@ from urllib.parse import unquote, urlsplit
 
 import redis
 import redis.asyncio
+import redis.asyncio.cluster
 import redis.asyncio.sentinel
+import redis.cluster
 import redis.sentinel
 
 from tokenrelay.shared.settings import Settings
 
 SENTINEL_TIMEOUT_S = 2.0
+
+SyncStreamClient = redis.Redis | redis.cluster.RedisCluster
+AsyncStreamClient = redis.asyncio.Redis | redis.asyncio.cluster.RedisCluster
 
 
 def _url_auth(settings: Settings) -> dict[str, Any]:
@@ -96,6 +106,42 @@ def async_client(
         **_url_auth(settings),
         **options,
     )
+
+
+def stream_sync_client(settings: Settings, **options: Any) -> SyncStreamClient | None:
+    """A client of the token plane's own Redis (None: the control Redis is it); options as
+    `sync_client`'s. A cluster client follows its slots (MOVED) itself."""
+    if settings.token_plane_shared:
+        return None
+    if settings.stream_redis_cluster:
+        options.pop("pool_wait_s", None)
+        return redis.cluster.RedisCluster.from_url(settings.stream_redis_url, **options)
+    max_connections = options.pop("max_connections", None)
+    pool_wait_s = options.pop("pool_wait_s", None)
+    if max_connections is None:
+        return redis.Redis.from_url(settings.stream_redis_url, **options)
+    pool = redis.BlockingConnectionPool.from_url(
+        settings.stream_redis_url, max_connections=max_connections, timeout=pool_wait_s, **options
+    )
+    return redis.Redis.from_pool(pool)
+
+
+def stream_async_client(
+    settings: Settings, *, max_connections: int, **options: Any
+) -> AsyncStreamClient | None:
+    """An asyncio client of the token plane's own Redis (None: the control Redis is it), at
+    most `max_connections` per node; options as `async_client`'s."""
+    if settings.token_plane_shared:
+        return None
+    pool_wait_s = options.pop("pool_wait_s", None)
+    if settings.stream_redis_cluster:
+        return redis.asyncio.cluster.RedisCluster.from_url(
+            settings.stream_redis_url, max_connections=max_connections, **options
+        )
+    pool = redis.asyncio.BlockingConnectionPool.from_url(
+        settings.stream_redis_url, max_connections=max_connections, timeout=pool_wait_s, **options
+    )
+    return redis.asyncio.Redis.from_pool(pool)
 
 
 def is_primary(role_reply: Any) -> bool:

@@ -1,7 +1,9 @@
 """Run `ScriptCall`s on a sync (worker) or async (API) Redis client.
 
 Each runner registers a script once (`SCRIPT LOAD` on first use, `EVALSHA` afterwards;
-redis-py reloads it if the server lost it, for example after a restart).
+redis-py reloads it if the server lost it, for example after a restart). A Redis Cluster
+client (the token plane's, `shared.redis_connect`) sends each call to the node owning its
+keys' slot.
 """
 
 from __future__ import annotations
@@ -10,13 +12,15 @@ from typing import Any
 
 import redis
 import redis.asyncio
+import redis.asyncio.cluster
+import redis.cluster
 from redis.commands.core import AsyncScript, Script
 
 from tokenrelay.shared.scripts import ScriptCall
 
 
 class SyncScripts:
-    def __init__(self, client: redis.Redis) -> None:
+    def __init__(self, client: redis.Redis | redis.cluster.RedisCluster) -> None:
         self._client = client
         self._registered: dict[str, Script] = {}
 
@@ -28,7 +32,7 @@ class SyncScripts:
 
 
 class AsyncScripts:
-    def __init__(self, client: redis.asyncio.Redis) -> None:
+    def __init__(self, client: redis.asyncio.Redis | redis.asyncio.cluster.RedisCluster) -> None:
         self._client = client
         self._registered: dict[str, AsyncScript] = {}
 

@@ -3,27 +3,35 @@
 The sources are files of `shared/lua/`, loaded as package resources and joined here:
 `clock.lua` (`now_ms`, the one reader of Redis `TIME`, so the clocks of API nodes and workers
 never matter) comes first in every script that reads the time, and the job library
-(`library.lua`) follows it in every script that may end a job. The library: `emit` assigns the
-next `seq`, appends the event to the job's replay log and publishes it (EMIT instead applies
-the seq the running job's worker numbered, so a resend is a no-op); `finish` moves a
-job to a terminal state exactly once (a job already terminal is left alone), emits its
-final event, releases its lease and puts the result keys on their TTL; `reap` ends jobs
-whose lease expired; `webhook` queues a webhook delivery when a job that asked for one
-(hash fields `JobField.WEBHOOK`, `JobField.WEBHOOK_EVENTS`) starts (`start`, in START) or
+(`library.lua`), after the token plane's (`plane.lua`), follows it in every script that may
+end a job. The library: `emit` appends an event at the job's next `seq` to its replay log
+and publishes it (EMIT instead applies the seq the running job's worker numbered, so a resend
+is a no-op); `finish` moves a job to a terminal state exactly once (a job already terminal
+is left alone), emits its final event (or, where the token plane is a Redis of its own,
+leaves it in the outbox), releases its lease and puts the result keys on their TTL; `reap`
+ends jobs whose lease expired; `webhook` queues a webhook delivery when a job that asked for
+one (hash fields `JobField.WEBHOOK`, `JobField.WEBHOOK_EVENTS`) starts (`start`, in START) or
 ends (`completed`, in `finish`), in the same script as the transition, so none is lost or
 made twice; the dispatchers in `api.webhooks` send them (`api.webhook_queue` runs the
 WEBHOOK_* scripts).
 
 Common arguments of the library scripts (`library.lua`'s header):
     KEYS[1]  the lease set (`shared.keys.leases()`)
+    KEYS[#KEYS - 1]  the token plane's outbox (`shared.keys.token_plane_outbox()`)
     KEYS[#KEYS]  the webhook delivery list (`shared.keys.webhook_deliveries()`), always last
-    ARGV[1..4]  key templates: job hash, event log, channel, text (`JOB_KEY_TEMPLATES`)
+    ARGV[1..4]  key templates: job hash, event log, channel, text (`JOB_KEY_TEMPLATES`); the
+                last three empty when the token plane is a Redis of its own
     ARGV[5]  event log MAXLEN (approximate)
     ARGV[6]  result TTL in seconds
     ARGV[7..25]  the job hash's field names and job statuses it uses (`LIBRARY_NAMES`)
     ARGV[26]  the errors the scripts end jobs with (`shared.errors`), as JSON
 Script-specific arguments start at ARGV[27] (`LIBRARY_ARGC + 1`); each file's header lists
 them. Lua spells no error type, message, job status or job hash field name.
+
+The token plane's scripts (`plane.lua`, then `emit.lua`, `open.lua` or `close.lua`) take
+every key in KEYS, one job's (EMIT: several jobs' on a plain Redis), so they run on a Redis
+Cluster too; with `TOKENRELAY_STREAM_REDIS_URL` they run on that Redis, the job library's
+on the control Redis (`shared.token_plane`).
 
 The wrappers build a `ScriptCall`; the async API and the sync worker each run it on their
 own client (`shared.script_runner`) and parse the reply here.
@@ -59,8 +67,14 @@ def _source(*names: str) -> str:
 
 
 def _job_script(name: str) -> str:
-    """A script built on the job library: the clock, the library, then the script."""
-    return _source("clock.lua", "library.lua", name)
+    """A script built on the job library: the clock, the token plane's library (the job
+    library uses it where one Redis serves both planes), the job library, then the script."""
+    return _source("clock.lua", "plane.lua", "library.lua", name)
+
+
+def _plane_script(name: str) -> str:
+    """A token-plane script: the token plane's library, then the script."""
+    return _source("plane.lua", name)
 
 
 def _timed_script(name: str) -> str:
@@ -70,7 +84,9 @@ def _timed_script(name: str) -> str:
 
 ADMIT = _job_script("admit.lua")
 START = _job_script("start.lua")
-EMIT = _job_script("emit.lua")
+EMIT = _plane_script("emit.lua")
+OPEN = _plane_script("open.lua")
+CLOSE = _plane_script("close.lua")
 FINISH = _job_script("finish.lua")
 CANCEL = _job_script("cancel.lua")
 REAP = _job_script("reap.lua")
@@ -143,17 +159,27 @@ class ScriptCall:
     args: list[Arg]
 
 
+_SEPARATE_PLANE_TEMPLATES = (keys.JOB_KEY_TEMPLATES[0], "", "", "")
+"""The job library's key templates where the token plane is a Redis of its own."""
+
+
 def _library_call(
     source: str, settings: Settings, *args: Arg, extra_keys: tuple[str, ...] = ()
 ) -> ScriptCall:
+    templates = keys.JOB_KEY_TEMPLATES if settings.token_plane_shared else _SEPARATE_PLANE_TEMPLATES
     header: list[Arg] = [
-        *keys.JOB_KEY_TEMPLATES,
+        *templates,
         settings.event_log_maxlen,
         settings.result_ttl_s,
         *LIBRARY_NAMES,
         _ERRORS,
     ]
-    library_keys = [keys.leases(), *extra_keys, keys.webhook_deliveries()]
+    library_keys = [
+        keys.leases(),
+        *extra_keys,
+        keys.token_plane_outbox(),
+        keys.webhook_deliveries(),
+    ]
     return ScriptCall(source, library_keys, [*header, *args])
 
 
@@ -226,10 +252,49 @@ EmitItem = tuple[str, int, str]
 """One event for EMIT: job id, seq (numbered by the job's worker), event JSON."""
 
 
+def publish_command(settings: Settings) -> str:
+    """How token-plane scripts publish: sharded pub/sub on a Redis Cluster."""
+    return "SPUBLISH" if settings.stream_redis_cluster else "PUBLISH"
+
+
 def emit(settings: Settings, events: list[EmitItem]) -> ScriptCall:
-    """Append events of several jobs in one round trip (see `emit.lua`)."""
+    """Append events of several jobs in one round trip, on the token plane (see `emit.lua`);
+    on a Redis Cluster the events of one job only."""
+    script_keys = [key for job_id, _, _ in events for key in _log_keys(job_id)]
     flat: list[Arg] = [part for item in events for part in item]
-    return _library_call(EMIT, settings, *flat)
+    header: list[Arg] = [settings.event_log_maxlen, publish_command(settings)]
+    return ScriptCall(EMIT, script_keys, [*header, *flat])
+
+
+def _log_keys(job_id: str) -> tuple[str, str]:
+    return keys.job_events(job_id), keys.job_channel(job_id)
+
+
+def open_log(settings: Settings, job_id: str, started_event: str) -> ScriptCall:
+    """Start a job's log on a token plane of its own with its Started event (see `open.lua`)."""
+    header: list[Arg] = [settings.event_log_maxlen, publish_command(settings)]
+    return ScriptCall(OPEN, [*_log_keys(job_id)], [*header, started_event])
+
+
+def close_log(
+    settings: Settings,
+    job_id: str,
+    final_event: str,
+    final_seq: int = -1,
+    text: str | None = None,
+) -> ScriptCall:
+    """Close a job's log on a token plane of its own with its final event, only at
+    `final_seq` when that is >= 0; store `text` when given (see `close.lua`)."""
+    args: list[Arg] = [
+        settings.event_log_maxlen,
+        publish_command(settings),
+        settings.result_ttl_s,
+        final_event,
+        final_seq,
+    ]
+    if text is not None:
+        args.append(text)
+    return ScriptCall(CLOSE, [*_log_keys(job_id), keys.job_text(job_id)], args)
 
 
 @dataclass(frozen=True)
@@ -250,7 +315,8 @@ def parse_emit(reply: list[Any]) -> EmitReply:
 
 
 FINISH_BEHIND = -1
-"""FINISH's reply when the job's log lacks events below the seq its worker passed."""
+"""FINISH's (and CLOSE's) reply when the job's log lacks events below the seq its worker
+passed."""
 
 
 def finish(

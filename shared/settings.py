@@ -43,6 +43,8 @@ class Settings(BaseSettings):
     redis_sentinel_master: str = "mymaster"
     redis_sentinel_password: SecretStr | None = None
     redis_min_replicas: int = Field(default=0, ge=0)
+    stream_redis_url: str = ""
+    stream_redis_cluster: bool = False
     redis_pool_size: int = Field(default=32, ge=2)
     worker_redis_pool_size: int = Field(default=8, ge=3)
     model: str = DEFAULT_MODEL
@@ -173,6 +175,11 @@ class Settings(BaseSettings):
     def model_id(self) -> str:
         """The name clients send as `model` and see in `/v1/models`."""
         return self.served_model_name or self.model
+
+    @property
+    def token_plane_shared(self) -> bool:
+        """Whether the control Redis also holds the token plane (no `stream_redis_url`)."""
+        return not self.stream_redis_url
 
     @property
     def lease_ttl_ms(self) -> int:

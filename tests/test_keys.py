@@ -6,9 +6,10 @@ from tokenrelay.shared import keys
 def test_key_strings_are_pinned() -> None:
     assert keys.leases() == "tokenrelay:leases"
     assert keys.job("abc") == "tokenrelay:job:abc"
-    assert keys.job_events("abc") == "tokenrelay:job:abc:events"
-    assert keys.job_channel("abc") == "tokenrelay:job:abc:channel"
-    assert keys.job_text("abc") == "tokenrelay:job:abc:text"
+    assert keys.job_events("abc") == "tokenrelay:job:{abc}:events"
+    assert keys.job_channel("abc") == "tokenrelay:job:{abc}:channel"
+    assert keys.job_text("abc") == "tokenrelay:job:{abc}:text"
+    assert keys.token_plane_outbox() == "tokenrelay:token-plane:outbox"
     assert keys.cancel_channel() == "tokenrelay:cancel"
     assert keys.owner_jobs("abc") == "tokenrelay:owner:abc:jobs"
     assert keys.models() == "tokenrelay:models"

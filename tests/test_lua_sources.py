@@ -16,6 +16,8 @@ SCRIPT_NAMES = (
     "ADMIT",
     "START",
     "EMIT",
+    "OPEN",
+    "CLOSE",
     "FINISH",
     "CANCEL",
     "REAP",
@@ -78,6 +80,16 @@ def test_each_lua_file_opens_with_a_header_naming_its_keys_and_argv(name: str) -
     header = "\n".join(line for line in source.splitlines() if line.startswith("--"))
     assert source.startswith("-- ")
     assert "KEYS" in header and "ARGV" in header
+
+
+@pytest.mark.parametrize("name", ["EMIT", "OPEN", "CLOSE"])
+def test_token_plane_scripts_build_no_key_names(name: str) -> None:
+    """A Redis Cluster runs a script on the node of its KEYS' slot: the token plane's scripts
+    reach only those keys, never a name built from a template or read from Redis."""
+    source = getattr(scripts, name)
+    assert source.startswith(lua("plane.lua"))
+    assert lua("library.lua") not in source
+    assert "gsub" not in source and "key(" not in source and "T_LOG" not in source
 
 
 def test_only_the_clock_helper_calls_time() -> None:

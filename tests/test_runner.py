@@ -11,6 +11,7 @@ from typing import Any
 import pytest
 import redis
 
+from tokenrelay.cli.embedded_redis import EmbeddedRedis
 from tokenrelay.shared import keys, scripts
 from tokenrelay.shared.generation import ChatMessage, FunctionTool, GenerationRequest
 from tokenrelay.shared.script_runner import SyncScripts
@@ -94,7 +95,7 @@ class CountingScripts(SyncScripts):
 
     def run(self, call: ScriptCall) -> Any:
         if call.source == scripts.EMIT:
-            self.emits.append((len(call.args) - scripts.LIBRARY_ARGC) // 3)  # triples
+            self.emits.append(len(call.keys) // 2)  # a log and a channel per event
         return super().run(call)
 
 
@@ -431,3 +432,28 @@ def test_truncation_drops_the_oldest_turns_only_when_the_setting_is_on(
     log = events(sync_redis, "j")
     assert log[0]["type"] == "started" and log[0]["prompt_tokens"] == 40  # 2 turns kept
     assert log[-1]["type"] == "done"
+
+
+def test_a_token_plane_of_its_own_gets_the_log_and_text_and_the_control_redis_the_end(
+    settings: Settings, sync_redis: redis.Redis
+) -> None:
+    with EmbeddedRedis() as plane_server:
+        split = settings.model_copy(update={"stream_redis_url": plane_server.url})
+        plane = redis.Redis.from_url(plane_server.url, decode_responses=True)
+        control, on_plane, active = SyncScripts(sync_redis), SyncScripts(plane), ActiveJobs()
+        engine = ScriptedEngine({"j": "你好🚀"})
+        batcher = Batcher(engine, on_plane, split, active)
+        batcher.start()
+        try:
+            admit(control, split, "j")
+            runner = JobRunner(engine, batcher, control, split, "w", active, on_plane)
+            assert runner.generate("j", request()) == {"status": "succeeded"}
+        finally:
+            batcher.stop()
+        log = events(plane, "j")
+        assert [e["seq"] for e in log] == list(range(len(log)))
+        assert log[0]["type"] == "started" and log[-1]["type"] == "done"
+        assert plane.get(keys.job_text("j")) == "你好🚀"
+        assert sync_redis.hget(keys.job("j"), "status") == "succeeded"
+        assert sync_redis.keys("tokenrelay:job:{*") == []
+        plane.close()

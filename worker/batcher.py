@@ -69,10 +69,11 @@ class BatchJob:
 
 class Batcher:
     def __init__(
-        self, engine: Engine, redis_scripts: SyncScripts, settings: Settings, active: ActiveJobs
+        self, engine: Engine, plane_scripts: SyncScripts, settings: Settings, active: ActiveJobs
     ) -> None:
+        """`plane_scripts` run on the token plane's Redis (EMIT)."""
         self._engine = engine
-        self._courier = Courier(redis_scripts, settings, active)
+        self._courier = Courier(plane_scripts, settings, active)
         self._backoff = Backoff()
         self._settings = settings
         self._active = active

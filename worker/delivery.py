@@ -8,8 +8,9 @@ writes, so an acknowledged event may have to be sent again. EMIT applies only a 
 seq (a resend is a no-op; a gap is refused with the seq to resume from), and the worker's
 FINISH ends the job only when its log holds every event (`shared/lua/emit.lua`, `finish.lua`).
 
-`Courier` sends the unacknowledged events of many jobs in one EMIT call; `Backoff` spaces
-the tries after a Redis error.
+`Courier` sends the unacknowledged events of many jobs in one EMIT call, on the token plane's
+Redis (on a Redis Cluster one call per job: a script's keys must share a slot); `Backoff`
+spaces the tries after a Redis error.
 """
 
 from __future__ import annotations
@@ -93,7 +94,8 @@ class Backoff:
 
 
 class Courier:
-    """Sends jobs' unacknowledged events in one EMIT call and applies what Redis answered."""
+    """Sends jobs' unacknowledged events in one EMIT call and applies what Redis answered;
+    `redis_scripts` runs on the token plane's Redis."""
 
     def __init__(self, redis_scripts: SyncScripts, settings: Settings, active: ActiveJobs) -> None:
         self._scripts = redis_scripts
@@ -104,16 +106,24 @@ class Courier:
         """Send every unacknowledged event of `logs`; False after a Redis error (they stay
         unacknowledged, for the next try)."""
         sent = {job_log.job_id: job_log.next_seq for job_log in logs}
-        items = [item for job_log in logs for item in job_log.unacked()]
-        if not items:
+        if self._settings.stream_redis_cluster:  # a script's keys share one slot: one job's
+            batches = [items for job_log in logs if (items := job_log.unacked())]
+        else:
+            batches = [[item for job_log in logs for item in job_log.unacked()]]
+        if not any(batches):
             return True
+        replies: list[scripts.EmitReply] = []
         try:
-            reply = scripts.parse_emit(self._scripts.run(scripts.emit(self._settings, items)))
+            for items in batches:
+                reply = self._scripts.run(scripts.emit(self._settings, items))
+                replies.append(scripts.parse_emit(reply))
         except RedisError as exc:
-            log.warning("could not send %d events, will retry: %s", len(items), exc)
+            count = sum(len(items) for items in batches)
+            log.warning("could not send %d events, will retry: %s", count, exc)
             return False
+        resume_at = {job_id: seq for reply in replies for job_id, seq in reply.resume_at.items()}
         for job_log in logs:
-            job_log.acked = reply.resume_at.get(job_log.job_id, sent[job_log.job_id])
-        for job_id in reply.gone:
+            job_log.acked = resume_at.get(job_log.job_id, sent[job_log.job_id])
+        for job_id in (job_id for reply in replies for job_id in reply.gone):
             self._active.request_stop(job_id, StopReason.LEASE_LOST)
         return True

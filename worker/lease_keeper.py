@@ -24,6 +24,7 @@ from tokenrelay.shared.model_limits import LimitsPublisher
 from tokenrelay.shared.rq_jobs import fail_lost_jobs
 from tokenrelay.shared.script_runner import SyncScripts
 from tokenrelay.shared.settings import Settings
+from tokenrelay.shared.token_plane import drain_outbox_sync
 from tokenrelay.worker.active_jobs import ActiveJobs, StopReason
 
 log = logging.getLogger(__name__)
@@ -40,7 +41,10 @@ class LeaseKeeper:
         active: ActiveJobs,
         worker_name: str,
         limits: LimitsPublisher,
+        plane_scripts: SyncScripts | None = None,
     ) -> None:
+        """`plane_scripts` run on the token plane's own Redis, where it has one: the lease
+        keeper closes there the logs of jobs ended here (`shared.token_plane`)."""
         self._settings = settings
         self._client = client
         self._rq_connection = rq_connection
@@ -49,6 +53,7 @@ class LeaseKeeper:
         )
         self._limits = limits
         self._scripts = SyncScripts(client)
+        self._plane_scripts = plane_scripts or self._scripts
         self._active = active
         self._stopping = threading.Event()
         self._threads = [
@@ -89,6 +94,7 @@ class LeaseKeeper:
         lost = self._scripts.run(scripts.reap(self._settings))
         if lost:
             fail_lost_jobs(self._rq_connection, lost, self._settings.result_ttl_s)
+        drain_outbox_sync(self._client, self._plane_scripts, self._settings)
 
     def _renew_loop(self) -> None:
         interval_s = self._settings.lease_ttl_s / 3

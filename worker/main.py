@@ -117,17 +117,25 @@ def run_worker(settings: Settings, *, demo: bool = False) -> int:
         decode_responses=True,
         **_SOCKET_TIMEOUTS,
     )
+    plane_client = redis_connect.stream_sync_client(
+        settings,
+        max_connections=pool_size,
+        pool_wait_s=_POOL_WAIT_S,
+        decode_responses=True,
+        **_SOCKET_TIMEOUTS,
+    )
     active = ActiveJobs()
     redis_scripts = SyncScripts(scripts_client)
-    batcher = Batcher(engine, redis_scripts, settings, active)
-    runner = JobRunner(engine, batcher, redis_scripts, settings, name, active)
+    plane_scripts = redis_scripts if plane_client is None else SyncScripts(plane_client)
+    batcher = Batcher(engine, plane_scripts, settings, active)
+    runner = JobRunner(engine, batcher, redis_scripts, settings, name, active, plane_scripts)
     limits = LimitsPublisher(
         settings.model_id,
         engine.max_context_tokens,
         settings.worker_max_batch_tokens,
         engine.tokenizer_json(),
     )
-    keeper = LeaseKeeper(settings, scripts_client, connection, active, name, limits)
+    keeper = LeaseKeeper(settings, scripts_client, connection, active, name, limits, plane_scripts)
     drain = threading.Timer(
         settings.worker_drain_s, active.request_stop_all, args=(StopReason.SHUTDOWN,)
     )

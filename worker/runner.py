@@ -4,7 +4,9 @@ it to leave the batch, end it exactly once.
 START and FINISH are retried with a bounded backoff through Redis errors: START for up to a
 lease TTL (a resend after a lost reply finds the job running here), FINISH, with the job's
 events its log still lacks, for as long as the job's lease holds, so a job whose generation
-completed is finished, never reaped, while its worker lives.
+completed is finished, never reaped, while its worker lives. Where the token plane is a Redis
+of its own, START is followed by OPEN there (the log's Started event) and FINISH preceded by
+CLOSE (final event, text); each of these is a no-op when resent.
 """
 
 from __future__ import annotations
@@ -52,14 +54,17 @@ class JobRunner:
         settings: Settings,
         worker_name: str,
         active: ActiveJobs,
+        plane_scripts: SyncScripts | None = None,
     ) -> None:
+        """`plane_scripts` run on the token plane's own Redis (None: `redis_scripts`' is it)."""
         self._engine = engine
         self._batcher = batcher
         self._scripts = redis_scripts
+        self._plane_scripts = plane_scripts or redis_scripts
         self._settings = settings
         self._worker_name = worker_name
         self._active = active
-        self._courier = Courier(redis_scripts, settings, active)
+        self._courier = Courier(self._plane_scripts, settings, active)
 
     def generate(self, job_id: str, request: dict[str, Any]) -> dict[str, str]:
         """Run the job; returns its terminal status. Raises if it failed (RQ marks it failed)."""
@@ -88,12 +93,17 @@ class JobRunner:
 
     def _start(self, job_id: str, started_event: str) -> Any:
         call = scripts.start(self._settings, job_id, self._worker_name, started_event)
+        open_log = None
+        if not self._settings.token_plane_shared:
+            open_log = scripts.open_log(self._settings, job_id, started_event)
         give_up_at = time.monotonic() + self._settings.lease_ttl_s
         backoff = Backoff()
         while True:
             sent_at = time.monotonic()
             try:
                 status = self._scripts.run(call)
+                if status == JobStatus.RUNNING and open_log is not None:
+                    self._plane_scripts.run(open_log)
             except RedisError as exc:
                 if time.monotonic() >= give_up_at:
                     raise
@@ -227,14 +237,19 @@ class JobRunner:
         out (then the reaper ends the job). Without a log (the batcher may still hold it, after
         RQ's job timeout) FINISH alone, unchecked. True if this call ended the job."""
         final_seq, text = (-1, None) if job_log is None else (job_log.next_seq, job_log.text)
-        call = scripts.finish(
-            self._settings, job_id, status, fields, event.to_wire(), final_seq, text
-        )
+        close_log = None
+        if self._settings.token_plane_shared:
+            call = scripts.finish(
+                self._settings, job_id, status, fields, event.to_wire(), final_seq, text
+            )
+        else:
+            close_log = scripts.close_log(self._settings, job_id, event.to_wire(), final_seq, text)
+            call = scripts.finish(self._settings, job_id, status, fields, "")
         backoff = Backoff()
         while True:
             if job_log is None or self._courier.send([job_log]):
                 try:
-                    outcome = self._scripts.run(call)
+                    outcome = self._end(close_log, call)
                 except RedisError as exc:
                     log.warning("FINISH of job %s failed, will retry: %s", job_id, exc)
                 else:
@@ -247,6 +262,16 @@ class JobRunner:
                 return False
             backoff.failed()
             time.sleep(backoff.wait_s())
+
+    def _end(self, close_log: scripts.ScriptCall | None, finish: scripts.ScriptCall) -> Any:
+        """FINISH; on a token plane of its own, after CLOSE closed the job's log there (a
+        crash between leaves a running job with a closed log and its text, which the reaper
+        ends; never a succeeded job without its text). CLOSE's refusal is FINISH's reply."""
+        if close_log is not None:
+            closed = self._plane_scripts.run(close_log)
+            if closed != 1:
+                return closed
+        return self._scripts.run(finish)
 
 
 _STOPPED: dict[StopReason, tuple[JobStatus, Error]] = {

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from fastapi import APIRouter
 from fastapi.responses import JSONResponse, Response
-from redis.exceptions import RedisError
+from redis.exceptions import RedisClusterException, RedisError
 
 from tokenrelay.api.deps import StateDep
 from tokenrelay.api.error_docs import AUTH_ERRORS
@@ -34,7 +34,8 @@ async def health(state: StateDep) -> Response:
 @router.get("/readyz", response_model=None, responses={503: AUTH_ERRORS[503]})
 async def readyz(state: StateDep) -> dict[str, str] | JSONResponse:
     """Ready when the Redis this process talks to is a primary (`ROLE`: a replica answers PING
-    but refuses writes); 503 `redis_unavailable` otherwise."""
+    but refuses writes), and the token plane's own Redis, where it has one, answers PING; 503
+    `redis_unavailable` otherwise."""
     if (problem := await _not_ready(state)) is not None:
         return error_response(problem)
     return {"status": "ready"}
@@ -48,4 +49,9 @@ async def _not_ready(state: AppState) -> RedisUnavailable | None:
         return RedisUnavailable("Redis is unreachable")
     if not redis_connect.is_primary(role):
         return RedisUnavailable("Redis is a replica, not the primary")
+    if state.plane is not state.redis:
+        try:
+            await state.plane.ping()
+        except (RedisError, RedisClusterException, OSError):
+            return RedisUnavailable("the token plane's Redis is unreachable")
     return None

@@ -191,7 +191,10 @@ def measure(
     time.sleep(0.2)
     send: Callable[[], object]
     if variant in _BODIES:
-        library = scripts.EMIT[: scripts.EMIT.index("-- EMIT:")]
+        # The earlier EMITs ran on the job library (clock, plane and library, as ADMIT's
+        # source opens) with its header of ARGV (as REAP's call carries it).
+        library = scripts.ADMIT[: scripts.ADMIT.index("-- ADMIT:")]
+        library_call = scripts.reap(settings)
         body = _BODIES[variant]
         source = scripts.EMIT if body is None else library + PREVIOUS_APPEND + body
         script = client.register_script(source)
@@ -200,14 +203,13 @@ def measure(
         def send() -> object:
             seq = next(sent)  # EMIT applies each job's next seq only
             call = scripts.emit(settings, [(job_id, seq, _EVENT) for job_id in job_ids])
-            args = call.args
+            if body is None:
+                return script(keys=call.keys, args=call.args)
+            header = library_call.args[: scripts.LIBRARY_ARGC]
+            items = [part for job_id in job_ids for part in (job_id, seq, _EVENT)]
             if variant == "issue-13":  # quadruples: its text delta after each event
-                header, items = args[: scripts.LIBRARY_ARGC], args[scripts.LIBRARY_ARGC :]
-                args = [
-                    *header,
-                    *(p for i in range(0, len(items), 3) for p in (*items[i : i + 3], "lorem ")),
-                ]
-            return script(keys=call.keys, args=args)
+                items = [p for i in range(0, len(items), 3) for p in (*items[i : i + 3], "lorem ")]
+            return script(keys=library_call.keys, args=[*header, *items])
 
     else:
         script = client.register_script(LEAN_EMIT)

@@ -1,15 +1,17 @@
--- EMIT: the job library's KEYS and ARGV[1..26] (library.lua), then
--- ARGV[27..] triples: job id, seq, event (JSON without seq). The running job's worker numbers
--- its events; the job's log numbers its entries `1-<seq>` (library.lua), so an event is
+-- EMIT (after plane.lua), on the token plane: KEYS[2k - 1], KEYS[2k] the event log and the
+-- channel of the k-th event's job; ARGV[1] event log MAXLEN (approximate), ARGV[2] the publish
+-- command (PUBLISH; SPUBLISH on a cluster, where a call carries the events of one job only),
+-- ARGV[3..] triples: job id, seq, event (JSON without seq). The running job's worker numbers
+-- its events; the job's log numbers its entries `1-<seq>` (plane.lua), so an event is
 -- appended with the id `1-*`, which the stream numbers as its next seq, and is kept only when
 -- that is the worker's seq: a resend of an applied one is a no-op, and a gap (the log lost
 -- events, e.g. Redis restarted from an AOF without its last second) is refused, with the seq
 -- the worker must resend from; either undoes the XADD (rare). Events of jobs no longer
--- running are dropped: an ended job's log is closed (`finish`), which refuses the XADD, and a
--- job that never started has no log (NOMKSTREAM). An applied event costs XADD and PUBLISH;
--- the job's hash is not read, and its text is written whole by FINISH (readers of a running
--- job join the texts of its log: `api.job_record`). A cancel that a worker between pub/sub
--- connections missed is found by RENEW.
+-- running are dropped: an ended job's log is closed (CLOSE, or the job library's `finish`),
+-- which refuses the XADD, and a job that never started has no log (NOMKSTREAM). An applied
+-- event costs XADD and PUBLISH; the job's hash is not read, and its text is written whole by
+-- FINISH (readers of a running job join the texts of its log: `api.job_record`). A cancel that
+-- a worker between pub/sub connections missed is found by RENEW.
 -- Returns {ids of jobs no longer running, {id, next seq} flattened for jobs whose log has a
 -- gap}.
 local gone, behind, refused, expect = {}, {}, {}, {}
@@ -27,13 +29,14 @@ local function rewind(log, last)
   end
 end
 
-for i = 27, #ARGV, 3 do
+local maxlen, publish = ARGV[1], ARGV[2]
+for i = 3, #ARGV, 3 do
   local id = ARGV[i]
   local seq = tonumber(ARGV[i + 1])
+  local log, channel = KEYS[(i - 3) / 3 * 2 + 1], KEYS[(i - 3) / 3 * 2 + 2]
   if not refused[id] and not (expect[id] and seq < expect[id]) then  -- not a known resend
-    local log = key(T_LOG, id)
-    local payload = '{"seq":' .. seq .. ',' .. string.sub(ARGV[i + 2], 2)
-    local added = redis.pcall('XADD', log, 'NOMKSTREAM', 'MAXLEN', '~', LOG_MAXLEN, '1-*',
+    local payload = log_payload(seq, ARGV[i + 2])
+    local added = redis.pcall('XADD', log, 'NOMKSTREAM', 'MAXLEN', '~', maxlen, '1-*',
       'e', payload)
     if type(added) ~= 'string' then  -- no log, or a closed one
       refused[id] = true
@@ -41,7 +44,7 @@ for i = 27, #ARGV, 3 do
     else
       local next_seq = tonumber(string.sub(added, 3))
       if next_seq == seq then
-        redis.call('PUBLISH', key(T_CHAN, id), payload)
+        redis.call(publish, channel, payload)
       else
         redis.call('XDEL', log, added)
         rewind(log, '1-' .. (next_seq - 1))

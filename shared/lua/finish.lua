@@ -6,7 +6,9 @@
 -- (EMIT writes none: its worker holds it). Returns 1 if this call ended the job (or a resend
 -- of it finds the job ended so: that status, its final event at that seq), 0 if it was
 -- already terminal otherwise or is unknown, -1 if the job still runs and its log lacks events
--- below that seq.
+-- below that seq. On a token plane of its own the worker closes the job's log and stores its
+-- text there first (CLOSE, which checks the seq): it passes -1, no text and an empty final
+-- event (a resend then finds the job in that status: 1).
 local id, status, expected = ARGV[27], ARGV[28], tonumber(ARGV[31])
 if expected >= 0 then
   local current, next = redis.call('HGET', key(T_HASH, id), F_STATUS), next_seq(id)
@@ -16,6 +18,8 @@ if expected >= 0 then
   if current == status and next == expected + 1 then
     return 1
   end
+elseif ARGV[30] == '' and redis.call('HGET', key(T_HASH, id), F_STATUS) == status then
+  return 1
 end
 local done = finish(id, status, cjson.decode(ARGV[29]), ARGV[30])
 if done and ARGV[32] then

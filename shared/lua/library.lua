@@ -1,7 +1,13 @@
--- The job library, prepended (after clock.lua) to every script that may end a job.
+-- The job library, prepended (after clock.lua and plane.lua) to every script that may end a
+-- job.
 -- KEYS[1]  the lease set (`keys.leases()`)
+-- KEYS[#KEYS - 1]  the token plane's outbox (`keys.token_plane_outbox()`)
 -- KEYS[#KEYS]  the webhook delivery list (`keys.webhook_deliveries()`), always last
--- ARGV[1..4]  key templates: job hash, event log, channel, text (`keys.JOB_KEY_TEMPLATES`)
+-- ARGV[1..4]  key templates: job hash, event log, channel, text (`keys.JOB_KEY_TEMPLATES`);
+--             the last three are empty when the token plane is a Redis of its own: then a
+--             job's events are its worker's to append there (START and FINISH leave them to
+--             it), and a job ended here by anyone else has its final event queued in the
+--             outbox, from which `shared.token_plane` appends it and closes the log
 -- ARGV[5]  event log MAXLEN (approximate)
 -- ARGV[6]  result TTL in seconds
 -- ARGV[7..20]  the job hash's field names, bound below as F_* (`jobs.JobField`)
@@ -15,8 +21,10 @@
 -- delivery record's keys (`api.webhook_queue.Delivery`) and the webhook event names `start`
 -- and `completed` (`api.webhook_policy.WEBHOOK_EVENTS`): formats defined above `shared`.
 local LEASES = KEYS[1]
+local OUTBOX = KEYS[#KEYS - 1]
 local WEBHOOK_DELIVERIES = KEYS[#KEYS]
 local T_HASH, T_LOG, T_CHAN, T_TEXT = ARGV[1], ARGV[2], ARGV[3], ARGV[4]
+local PLANE_HERE = T_LOG ~= ''
 local LOG_MAXLEN = ARGV[5]
 local RESULT_TTL = tonumber(ARGV[6])
 local F_STATUS, F_NEXT_SEQ, F_OWNER, F_OWNER_JOBS, F_MODEL, F_WORKER, F_CREATED_AT,
@@ -35,21 +43,14 @@ local function key(template, id)
   return (string.gsub(template, '{id}', id))
 end
 
--- The seq of the job's next event: its log's entry ids are `1-<seq>` (0 when it has none).
--- EMIT (emit.lua) keeps the last entry's id the log's last id: it undoes an XADD it refuses.
+-- The seq of the job's next event (only where PLANE_HERE).
 local function next_seq(id)
-  local last = redis.call('XREVRANGE', key(T_LOG, id), '+', '-', 'COUNT', 1)[1]
-  return last and tonumber(string.sub(last[1], 3)) + 1 or 0
+  return log_next_seq(key(T_LOG, id))
 end
 
--- Append `event` as the job's next event and publish it. `finish` closes the log by moving
--- its last id to CLOSED_LOG_ID, so EMIT refuses any later event.
-local CLOSED_LOG_ID = '2-0'
+-- Append `event` as the job's next event and publish it (only where PLANE_HERE).
 local function emit(id, event)
-  local seq = next_seq(id)
-  local payload = '{"seq":' .. seq .. ',' .. string.sub(event, 2)
-  redis.call('XADD', key(T_LOG, id), 'MAXLEN', '~', LOG_MAXLEN, '1-' .. seq, 'e', payload)
-  redis.call('PUBLISH', key(T_CHAN, id), payload)
+  log_append(key(T_LOG, id), key(T_CHAN, id), LOG_MAXLEN, 'PUBLISH', event)
 end
 
 -- Queue a webhook delivery of `event` ('start' or 'completed') if the job's filter has it.
@@ -60,6 +61,8 @@ local function webhook(id, event)
   end
 end
 
+-- End the job with `status`, its hash `fields` and final `event`: '' when the caller closed
+-- the job's log on a token plane of its own already (a worker's FINISH).
 local function finish(id, status, fields, event)
   local h = key(T_HASH, id)
   local current = redis.call('HGET', h, F_STATUS)
@@ -71,8 +74,13 @@ local function finish(id, status, fields, event)
   for field, value in pairs(fields) do
     redis.call('HSET', h, field, tostring(value))
   end
-  emit(id, event)
-  redis.call('XSETID', key(T_LOG, id), CLOSED_LOG_ID)
+  if PLANE_HERE then
+    log_close(key(T_LOG, id), key(T_CHAN, id), LOG_MAXLEN, 'PUBLISH', event)
+    redis.call('EXPIRE', key(T_LOG, id), RESULT_TTL)
+    redis.call('EXPIRE', key(T_TEXT, id), RESULT_TTL)
+  elseif event ~= '' then
+    redis.call('HSET', OUTBOX, id, event)
+  end
   webhook(id, 'completed')
   redis.call('ZREM', LEASES, id)
   local owner_jobs = redis.call('HGET', h, F_OWNER_JOBS)
@@ -80,8 +88,6 @@ local function finish(id, status, fields, event)
     redis.call('SREM', owner_jobs, id)
   end
   redis.call('EXPIRE', h, RESULT_TTL)
-  redis.call('EXPIRE', key(T_LOG, id), RESULT_TTL)
-  redis.call('EXPIRE', key(T_TEXT, id), RESULT_TTL)
   return true
 end
 

@@ -4,6 +4,8 @@
 -- it (expired when its queue wait ran out, or the terminal status it already has); false
 -- when the job is unknown. Queues the job's `start` webhook delivery, if it has one.
 -- A resend (the reply to the first call was lost) finds the job running here: running.
+-- Appends the Started event where the token plane is here; on a token plane of its own the
+-- worker appends it (OPEN) once this call said running.
 local id = ARGV[27]
 local h = key(T_HASH, id)
 local current, worker = unpack(redis.call('HMGET', h, F_STATUS, F_WORKER))
@@ -21,6 +23,8 @@ if (not expiry) or tonumber(expiry) <= now then
 end
 redis.call('HSET', h, F_STATUS, S_RUNNING, F_STARTED_AT, stamp, F_WORKER, ARGV[28])
 redis.call('ZADD', LEASES, now + tonumber(ARGV[29]), id)
-emit(id, ARGV[30])
+if PLANE_HERE then
+  emit(id, ARGV[30])
+end
 webhook(id, 'start')
 return S_RUNNING
