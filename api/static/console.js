@@ -531,8 +531,11 @@ async function refreshBatches() {
     box.hidden = false;
     return;
   }
+  const page = await response.json();
+  // A page asked for before Older / Newer was clicked is no longer the one on show.
+  if (state.batchCursors[state.batchCursors.length - 1] !== after) return;
   box.hidden = true;
-  renderBatches(await response.json());
+  renderBatches(page);
 }
 
 function fileLink(fileId, label, name) {
