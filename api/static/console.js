@@ -594,9 +594,9 @@ function renderBatches(page) {
       id,
       cell(batch.status, `status ${batch.status}`),
       cell(batch.endpoint),
-      cell(String(counts.total), "num total"),
-      cell(String(counts.completed), "num completed"),
-      cell(String(counts.failed), "num failed"),
+      cell(String(counts.total), "num count-total"),
+      cell(String(counts.completed), "num count-completed"),
+      cell(String(counts.failed), "num count-failed"),
       cell(new Date(batch.created_at * 1000).toLocaleString()),
       files
     );
