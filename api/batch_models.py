@@ -9,6 +9,8 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from tokenrelay.api.webhook_policy import MAX_URL_LENGTH
+
 ENDPOINTS = ("/v1/chat/completions", "/v1/completions")
 MAX_METADATA_PAIRS = 16
 
@@ -52,6 +54,8 @@ class BatchField(StrEnum):
     STOP = "stop"
     #: The feeder (API process) whose lease holds the batch.
     FEEDER = "feeder"
+    #: Where to POST the batch object when it ends (`BatchCreate.webhook`).
+    WEBHOOK = "webhook"
 
 
 TIMESTAMPS = (
@@ -77,6 +81,15 @@ class BatchCreate(BaseModel):
     completion_window: Literal["24h"]
     metadata: dict[str, str] | None = Field(
         default=None, max_length=MAX_METADATA_PAIRS, description="Up to 16 key-value pairs"
+    )
+    webhook: str | None = Field(
+        default=None,
+        max_length=MAX_URL_LENGTH,
+        description=(
+            "tokenrelay's extension: http(s) URL to POST the batch object to once, when the "
+            "batch ends (completed, failed, expired or cancelled), signed as job webhooks are "
+            "(Standard Webhooks headers); its host must be on the gateway's allow-list."
+        ),
     )
 
 
@@ -121,6 +134,9 @@ class Batch(BaseModel):
     cancelled_at: int | None = None
     request_counts: RequestCounts
     metadata: dict[str, str] | None = None
+    webhook: str | None = Field(
+        default=None, description="tokenrelay's extension: the batch's webhook URL, if any"
+    )
 
     @classmethod
     def from_redis(cls, batch_id: str, fields: dict[str, str]) -> Batch:
@@ -141,6 +157,7 @@ class Batch(BaseModel):
                 failed=int(fields.get(BatchField.FAILED, 0)),
             ),
             metadata=json.loads(metadata) if metadata else None,
+            webhook=fields.get(BatchField.WEBHOOK),
             **stamps,  # type: ignore[arg-type]
         )
 

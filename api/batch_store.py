@@ -19,11 +19,15 @@ from redis.typing import EncodableT, FieldT
 from tokenrelay.api import file_store
 from tokenrelay.api.batch_models import Batch, BatchCreate, BatchField, BatchList, BatchStatus
 from tokenrelay.api.deps import Caller
+from tokenrelay.api.owned_records import OwnedRecords
 from tokenrelay.api.state import AppState
+from tokenrelay.api.webhook_policy import check_submitted_url
+from tokenrelay.api.webhook_queue import Delivery
 from tokenrelay.shared import keys
 from tokenrelay.shared.errors import BatchNotFound, InvalidRequest
 
 BATCH_ID_PATTERN = re.compile(r"^batch_[0-9a-f]{32}$")
+BATCHES = OwnedRecords("batch", BATCH_ID_PATTERN, keys.batch, BatchNotFound, BatchField.OWNER)
 
 
 def batch_keys(batch_id: str) -> tuple[str, ...]:
@@ -39,6 +43,8 @@ def batch_keys(batch_id: str) -> tuple[str, ...]:
 
 async def create_batch(state: AppState, caller: Caller, body: BatchCreate) -> Batch:
     """Record a batch as `validating`; a feeder validates and runs it (`api.batch_feeder`)."""
+    if body.webhook is not None:
+        check_submitted_url(state.settings, body.webhook)
     item = await file_store.get_file(state.redis, caller, body.input_file_id)
     if item.purpose != "batch":
         raise InvalidRequest(
@@ -61,6 +67,8 @@ async def create_batch(state: AppState, caller: Caller, body: BatchCreate) -> Ba
     }
     if body.metadata is not None:
         fields[BatchField.METADATA] = json.dumps(body.metadata)
+    if body.webhook is not None:
+        fields[BatchField.WEBHOOK] = body.webhook
     async with state.redis.pipeline(transaction=True) as pipe:
         pipe.hset(keys.batch(batch_id), mapping=fields)
         pipe.zadd(keys.owner_batches(caller.owner), {batch_id: time.time() * 1000})
@@ -71,11 +79,7 @@ async def create_batch(state: AppState, caller: Caller, body: BatchCreate) -> Ba
 
 async def get_batch(state: AppState, caller: Caller, batch_id: str) -> Batch:
     """The caller's batch; 404 for an unknown id and another key's batch alike."""
-    if BATCH_ID_PATTERN.match(batch_id):
-        fields = cast("dict[str, str]", await state.redis.hgetall(keys.batch(batch_id)))
-        if fields and caller.owns(fields.get(BatchField.OWNER)):
-            return Batch.from_redis(batch_id, fields)
-    raise BatchNotFound(f"no batch {batch_id!r}", param="batch_id")
+    return Batch.from_redis(batch_id, await BATCHES.fields(state.redis, caller, batch_id))
 
 
 async def list_batches(
@@ -123,19 +127,26 @@ async def transition(
     fields: dict[FieldT, EncodableT] | None = None,
 ) -> bool:
     """Move the batch to `target` (with `fields`) only if its status is one of `sources`,
-    atomically (WATCH): the feeder and a cancel never overwrite each other's transition."""
+    atomically (WATCH): the feeder and a cancel never overwrite each other's transition.
+
+    A move to a terminal status queues the batch's webhook delivery, if it has a webhook, in
+    the same transaction: no terminal status is ever a source, so of any processes racing to
+    end a batch exactly one succeeds, and only its delivery is queued."""
     key = keys.batch(batch_id)
     mapping: dict[FieldT, EncodableT] = {BatchField.STATUS: target, **(fields or {})}
     async with state.redis.pipeline(transaction=True) as pipe:
         while True:
             try:
                 await pipe.watch(key)
-                status = await pipe.hget(key, BatchField.STATUS)
+                status, webhook = await pipe.hmget(key, [BatchField.STATUS, BatchField.WEBHOOK])
                 if status not in sources:
                     await pipe.unwatch()
                     return False
                 pipe.multi()
                 pipe.hset(key, mapping=mapping)
+                if target.is_terminal and webhook:
+                    delivery = Delivery(batch_id, "completed", kind="batch")
+                    pipe.lpush(keys.webhook_deliveries(), delivery.to_json())
                 await pipe.execute()
                 return True
             except WatchError:

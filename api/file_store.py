@@ -19,6 +19,7 @@ from pydantic import BaseModel
 from redis.typing import EncodableT, FieldT
 
 from tokenrelay.api.deps import Caller
+from tokenrelay.api.owned_records import OwnedRecords
 from tokenrelay.api.state import AppState
 from tokenrelay.shared import keys
 from tokenrelay.shared.errors import FileNotFound
@@ -60,6 +61,7 @@ class FileList(BaseModel):
 
 _OWNER = "owner"
 _LINES = "lines"
+FILES = OwnedRecords("file", FILE_ID_PATTERN, keys.file, FileNotFound, _OWNER)
 
 
 class FileWriter:
@@ -148,24 +150,14 @@ def _from_fields(file_id: str, fields: dict[str, str]) -> FileObject:
 
 async def get_file(redis_client: redis.asyncio.Redis, caller: Caller, file_id: str) -> FileObject:
     """The caller's file; 404 for an unknown id and another key's file alike."""
-    fields = await _owned_fields(redis_client, caller, file_id)
+    fields = await FILES.fields(redis_client, caller, file_id)
     return _from_fields(file_id, fields)
 
 
 async def line_count(redis_client: redis.asyncio.Redis, caller: Caller, file_id: str) -> int:
     """How many lines the caller's file holds (counted at upload)."""
-    fields = await _owned_fields(redis_client, caller, file_id)
+    fields = await FILES.fields(redis_client, caller, file_id)
     return int(fields.get(_LINES, "0"))
-
-
-async def _owned_fields(
-    redis_client: redis.asyncio.Redis, caller: Caller, file_id: str
-) -> dict[str, str]:
-    if FILE_ID_PATTERN.match(file_id):
-        fields = cast("dict[str, str]", await redis_client.hgetall(keys.file(file_id)))
-        if fields and caller.owns(fields.get(_OWNER)):
-            return fields
-    raise FileNotFound(f"no file {file_id!r}", param="file_id")
 
 
 async def list_files(
@@ -213,7 +205,7 @@ async def list_files(
 async def delete_file(
     redis_client: redis.asyncio.Redis, caller: Caller, file_id: str
 ) -> FileDeleted:
-    fields = await _owned_fields(redis_client, caller, file_id)
+    fields = await FILES.fields(redis_client, caller, file_id)
     async with redis_client.pipeline(transaction=True) as pipe:
         pipe.delete(keys.file(file_id), keys.file_chunks(file_id))
         pipe.zrem(keys.owner_files(fields[_OWNER]), file_id)

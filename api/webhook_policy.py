@@ -1,11 +1,12 @@
-"""Where webhooks may go: the URL a job names, the allowed hosts, the addresses they resolve to.
+"""Where webhooks may go: the URL a job or batch names, the allowed hosts, the addresses they
+resolve to.
 
 A webhook URL is checked twice:
 
-- at submission (`check_submission`): webhooks are configured on this gateway, the URL is
-  `http(s)://host[:port]/path` without credentials, its host is on
-  `TOKENRELAY_WEBHOOK_ALLOWED_HOSTS`, and an IP-literal host is a public address; a refusal is a
-  400 naming `webhook`;
+- at submission (`check_submission` for a job, `check_submitted_url` for a batch): webhooks
+  are configured on this gateway, the URL is `http(s)://host[:port]/path` without
+  credentials, its host is on `TOKENRELAY_WEBHOOK_ALLOWED_HOSTS`, and an IP-literal host is a
+  public address; a refusal is a 400 naming `webhook`;
 - before every delivery attempt (`resolve_target`): the same URL checks against the current
   settings, then the host is resolved and every address it resolves to is checked. The request
   is then sent to one of those checked addresses (`pinned_request`) with the original `Host`
@@ -75,13 +76,7 @@ def webhooks_unavailable(settings: Settings) -> str | None:
 
 def check_submission(settings: Settings, url: str, events: Sequence[str] | None) -> WebhookTarget:
     """Validate the webhook fields of `POST /v1/jobs`; raises `InvalidRequest` (400)."""
-    unavailable = webhooks_unavailable(settings)
-    if unavailable is not None:
-        raise InvalidRequest(unavailable, param="webhook")
-    try:
-        check_url(url, settings)
-    except WebhookRefused as exc:
-        raise InvalidRequest(f"`webhook` {exc}", param="webhook") from None
+    check_submitted_url(settings, url)
     if events is not None and not events:
         raise InvalidRequest(
             f"`webhook_events_filter` must name at least one of {', '.join(WEBHOOK_EVENTS)}",
@@ -89,6 +84,17 @@ def check_submission(settings: Settings, url: str, events: Sequence[str] | None)
         )
     chosen = WEBHOOK_EVENTS if events is None else tuple(e for e in WEBHOOK_EVENTS if e in events)
     return WebhookTarget(url=url, events=chosen)
+
+
+def check_submitted_url(settings: Settings, url: str) -> None:
+    """Validate a submitted `webhook` (of a job or a batch); raises `InvalidRequest` (400)."""
+    unavailable = webhooks_unavailable(settings)
+    if unavailable is not None:
+        raise InvalidRequest(unavailable, param="webhook")
+    try:
+        check_url(url, settings)
+    except WebhookRefused as exc:
+        raise InvalidRequest(f"`webhook` {exc}", param="webhook") from None
 
 
 def check_url(url: str, settings: Settings) -> httpx.URL:

@@ -6,7 +6,8 @@
          └──────── TICK (due) ──── retries (sorted set, score = due ms)
          └──────── TICK (heartbeat of <dispatcher> ran out) / RELEASE (it stopped)
 
-The Lua library (`shared.scripts`) pushes new records on the left of `deliveries`; a
+The Lua library (`shared.scripts`) pushes a job's new records on the left of `deliveries`,
+`api.batch_store` a batch's, in the transition that ends it; a
 dispatcher takes from the right into its own processing list, so a record is always in
 exactly one of the lists or the retry set, whichever process dies when. Dispatchers register
 with a heartbeat in `keys.webhook_dispatchers()` (score = expiry, ms) before they take
@@ -19,7 +20,8 @@ from Redis (`TIME`).
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
+from typing import Literal
 
 import redis.asyncio
 
@@ -32,33 +34,45 @@ MOVE_BATCH = 100
 
 @dataclass(frozen=True)
 class Delivery:
-    """One queued webhook delivery: which job, which event, how many attempts failed so far."""
+    """One queued webhook delivery: of which job or batch (`kind`), which event, how many
+    attempts failed so far. The record is `{job_id | batch_id, event, attempt}`."""
 
-    job_id: str
+    subject_id: str
     event: str
     attempt: int = 0
+    kind: Literal["job", "batch"] = "job"
 
     @classmethod
     def parse(cls, raw: str) -> Delivery:
-        """Read a record as the Lua library writes it; raises `ValueError` if malformed."""
+        """Read a record as the Lua library or `api.batch_store` writes it; raises
+        `ValueError` if malformed."""
         data = json.loads(raw)
         if not isinstance(data, dict):
             raise ValueError(f"not a delivery record: {raw[:100]!r}")
-        job_id, event, attempt = data.get("job_id"), data.get("event"), data.get("attempt")
-        if not (isinstance(job_id, str) and isinstance(event, str) and isinstance(attempt, int)):
+        job_id, batch_id = data.get("job_id"), data.get("batch_id")
+        event, attempt = data.get("event"), data.get("attempt")
+        kind: Literal["job", "batch"]
+        if isinstance(job_id, str) and batch_id is None:
+            subject_id, kind = job_id, "job"
+        elif isinstance(batch_id, str) and job_id is None:
+            subject_id, kind = batch_id, "batch"
+        else:
             raise ValueError(f"not a delivery record: {raw[:100]!r}")
-        return cls(job_id=job_id, event=event, attempt=attempt)
+        if not (isinstance(event, str) and isinstance(attempt, int)):
+            raise ValueError(f"not a delivery record: {raw[:100]!r}")
+        return cls(subject_id=subject_id, event=event, attempt=attempt, kind=kind)
 
     @property
     def message_id(self) -> str:
-        """The `webhook-id`: unique per job and event, the same on every attempt."""
-        return f"msg_{self.job_id}_{self.event}"
+        """The `webhook-id`: unique per job or batch and event, the same on every attempt."""
+        return f"msg_{self.subject_id}_{self.event}"
 
     def next_attempt(self) -> Delivery:
-        return Delivery(job_id=self.job_id, event=self.event, attempt=self.attempt + 1)
+        return replace(self, attempt=self.attempt + 1)
 
     def to_json(self) -> str:
-        return json.dumps({"job_id": self.job_id, "event": self.event, "attempt": self.attempt})
+        subject = "job_id" if self.kind == "job" else "batch_id"
+        return json.dumps({subject: self.subject_id, "event": self.event, "attempt": self.attempt})
 
 
 class WebhookQueue:

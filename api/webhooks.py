@@ -1,13 +1,16 @@
 """Webhook delivery: the dispatcher every API process runs, and the Standard Webhooks signature.
 
-A delivery is queued by the Lua library in the script that starts a job (`start`) or ends it
-(`completed`, any terminal status), when the job asked for that event (`POST /v1/jobs` with
-`webhook`, `webhook_events_filter`); `api.webhook_queue` describes the reliable queue. Each
-API process runs one `Dispatcher` (`dispatch_webhooks`, started by the app's lifespan) that
-takes deliveries, up to `MAX_CONCURRENT_DELIVERIES` at a time, and for each:
+A job's delivery is queued by the Lua library in the script that starts the job (`start`) or
+ends it (`completed`, any terminal status), when the job asked for that event (`POST /v1/jobs`
+with `webhook`, `webhook_events_filter`); a batch's (`completed`) by the transition that ends
+the batch (`api.batch_store.transition`), when it was created with a `webhook`.
+`api.webhook_queue` describes the reliable queue. Each API process runs one `Dispatcher`
+(`dispatch_webhooks`, started by the app's lifespan) that takes deliveries, up to
+`MAX_CONCURRENT_DELIVERIES` at a time, and for each:
 
-1. reads the job's record and builds the body: the record as `GET /v1/jobs/{id}` returns it
-   at the time of the attempt (so a late `start` may already show the job finished);
+1. reads the job's record (or the batch's) and builds the body: the record as
+   `GET /v1/jobs/{id}` returns it at the time of the attempt (so a late `start` may already
+   show the job finished), or the batch object as `GET /v1/batches/{id}` returns it;
 2. checks the target (`api.webhook_policy`: allow-list, every resolved address) and sends
    the POST to a checked address, with connect/read/write timeouts of
    `TOKENRELAY_WEBHOOK_TIMEOUT_S`, the whole attempt at most twice that, redirects not
@@ -15,12 +18,12 @@ takes deliveries, up to `MAX_CONCURRENT_DELIVERIES` at a time, and for each:
 3. settles it: a 2xx answer is a success; any other answer or a network error schedules
    another attempt after `backoff_s` (2 s, 4 s, 8 s, ... by default), up to
    `TOKENRELAY_WEBHOOK_MAX_ATTEMPTS` attempts in all; a target the policy refuses, or a job
-   whose record has expired, is dropped at once. Drops are logged as warnings.
+   (or batch) whose record has expired, is dropped at once. Drops are logged as warnings.
 
 Signing (Standard Webhooks, as Replicate does): headers `webhook-id` (`msg_<job id>_<event>`,
-the same on every attempt: dedupe on it, since delivery is at least once),
-`webhook-timestamp` (unix seconds of this attempt) and `webhook-signature`
-(`v1,` + base64 of HMAC-SHA256 over `{id}.{timestamp}.{body}`, keyed with the decoded
+`msg_<batch id>_completed`; the same on every attempt: dedupe on it, since delivery is at
+least once), `webhook-timestamp` (unix seconds of this attempt) and `webhook-signature` (`v1,`
++ base64 of HMAC-SHA256 over `{id}.{timestamp}.{body}`, keyed with the decoded
 `TOKENRELAY_WEBHOOK_SECRET`).
 """
 
@@ -38,13 +41,14 @@ import time
 import uuid
 from collections.abc import Awaitable, Callable
 from enum import StrEnum
-from typing import TypeVar
+from typing import TypeVar, cast
 
 import httpx
 import redis.asyncio
 from redis.asyncio.cluster import RedisCluster
 from redis.exceptions import RedisError
 
+from tokenrelay.api.batch_models import Batch, BatchField
 from tokenrelay.api.job_record import read_job
 from tokenrelay.api.state import AppState
 from tokenrelay.api.webhook_policy import (
@@ -56,6 +60,7 @@ from tokenrelay.api.webhook_policy import (
     webhooks_unavailable,
 )
 from tokenrelay.api.webhook_queue import Delivery, WebhookQueue
+from tokenrelay.shared import keys
 from tokenrelay.shared.jobs import JobField, JobRecord
 from tokenrelay.shared.settings import Settings
 
@@ -176,15 +181,30 @@ class Dispatcher:
         log.debug("webhook %s delivered", delivery.message_id)
         return Outcome.DELIVERED
 
-    async def _attempt(self, delivery: Delivery) -> None:
-        fields, text = await read_job(self._redis, self._plane, delivery.job_id)
+    async def _payload(self, delivery: Delivery) -> tuple[str, str]:
+        """The webhook URL and the body: the job record, or the batch object."""
+        if delivery.kind == "batch":
+            fields = cast(
+                "dict[str, str]", await self._redis.hgetall(keys.batch(delivery.subject_id))
+            )
+            url = fields.get(BatchField.WEBHOOK)
+            if not url or BatchField.STATUS not in fields:
+                raise _Permanent("the batch's record has expired or has no webhook")
+            try:
+                return url, Batch.from_redis(delivery.subject_id, fields).model_dump_json()
+            except (KeyError, ValueError) as exc:
+                raise _Permanent(f"the batch's record is incomplete: {exc!r}") from None
+        fields, text = await read_job(self._redis, self._plane, delivery.subject_id)
         url = fields.get(JobField.WEBHOOK) if fields else None
         if not url or JobField.STATUS not in fields:
             raise _Permanent("the job's record has expired or has no webhook")
         try:
-            body = JobRecord.from_redis(delivery.job_id, fields, text).model_dump_json()
+            return url, JobRecord.from_redis(delivery.subject_id, fields, text).model_dump_json()
         except (KeyError, ValueError) as exc:
             raise _Permanent(f"the job's record is incomplete: {exc!r}") from None
+
+    async def _attempt(self, delivery: Delivery) -> None:
+        url, body = await self._payload(delivery)
         try:
             target, addresses = await resolve_target(url, self._settings, self._resolver)
         except WebhookRefused as exc:

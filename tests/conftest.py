@@ -12,6 +12,7 @@ import redis
 import redis.asyncio
 
 from tests.cluster import Cluster, ClusterFactory, running_cluster
+from tests.webhook_receiver import Receiver
 from tokenrelay.cli.embedded_redis import EmbeddedRedis
 from tokenrelay.shared.settings import Settings
 
@@ -80,3 +81,11 @@ def make_module_cluster(
 ) -> Iterator[ClusterFactory]:
     with _cluster_factory(tiny_model_dir, tmp_path_factory.mktemp("cluster-logs")) as make:
         yield make
+
+
+@pytest.fixture
+def receiver() -> Iterator[Receiver]:
+    """A local webhook receiver (`tests.webhook_receiver.Receiver`)."""
+    server = Receiver()
+    yield server
+    server.close()

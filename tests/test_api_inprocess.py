@@ -120,9 +120,19 @@ def test_openapi_schema_lists_the_http_surface(redis_url: str) -> None:
         in paths["/v1/files/{file_id}/content"]["get"]["responses"]["200"]["content"]
     )
     batch = schema["components"]["schemas"]["Batch"]
-    assert {"request_counts", "output_file_id", "error_file_id", "errors"} <= set(
+    assert {"request_counts", "output_file_id", "error_file_id", "errors", "webhook"} <= set(
         batch["properties"]
     )
+    batch_create = schema["components"]["schemas"]["BatchCreate"]
+    assert batch_create["additionalProperties"] is False
+    assert set(batch_create["properties"]) == {
+        "input_file_id",
+        "endpoint",
+        "completion_window",
+        "metadata",
+        "webhook",
+    }
+    assert batch_create["properties"]["webhook"]["anyOf"][0]["maxLength"] == 2048
     request_schema = schema["components"]["schemas"]["ChatCompletionRequest"]
     assert {"model", "messages", "max_tokens", "stream", "stop", "seed"} <= set(
         request_schema["properties"]

@@ -1,6 +1,7 @@
 """The Batch API end to end through real API and worker processes, with the openai SDK
 unchanged: upload, create, poll to `completed`, download and match every `custom_id`; bad
-lines fail the batch with OpenAI's `errors`; cancel mid-run; expiry; another key's 404."""
+lines fail the batch with OpenAI's `errors`; cancel mid-run; expiry; another key's 404; a
+batch's webhook: one signed delivery of the batch object when it ends, however it ends."""
 
 from __future__ import annotations
 
@@ -16,17 +17,24 @@ import pytest
 from openai.types import Batch
 
 from tests.cluster import MODEL_NAME, Cluster, ClusterFactory
+from tests.webhook_receiver import SECRET, Received, Receiver, assert_signed, wait_until_settled
 
 pytestmark = pytest.mark.timeout(300)  # whole batches through a real cluster
 
 KEY_A, KEY_B = "sk-batch-a", "sk-batch-b"
 WAIT_S = 90
+WEBHOOKS = {
+    "TOKENRELAY_WEBHOOK_SECRET": SECRET,
+    "TOKENRELAY_WEBHOOK_ALLOWED_HOSTS": "127.0.0.1",
+    "TOKENRELAY_WEBHOOK_ALLOW_PRIVATE": "1",
+    "TOKENRELAY_WEBHOOK_BACKOFF_S": "0.2",
+}
 
 
 @pytest.fixture(scope="module")
 def cluster(make_module_cluster: ClusterFactory) -> Cluster:
     settings = {"TOKENRELAY_API_KEYS": f"{KEY_A},{KEY_B}", "TOKENRELAY_MAX_INFLIGHT": "8"}
-    return make_module_cluster(settings)
+    return make_module_cluster(settings | WEBHOOKS)
 
 
 def _client(cluster: Cluster, key: str) -> openai.OpenAI:
@@ -228,18 +236,20 @@ def test_bad_create_is_400_naming_the_field(
 
 
 def test_expiry_keeps_finished_lines_and_fails_the_rest_as_batch_expired(
-    make_cluster: ClusterFactory,
+    make_cluster: ClusterFactory, receiver: Receiver
 ) -> None:
     settings = {"TOKENRELAY_BATCH_COMPLETION_WINDOW_S": "4", "TOKENRELAY_MAX_INFLIGHT": "2"}
-    cluster = make_cluster(settings)
+    cluster = make_cluster(settings | WEBHOOKS)
     with _client(cluster, "unused") as client:
         lines = [chat_line(f"e-{i}", max_tokens=300, ignore_eos=True) for i in range(20)]
         batch = client.batches.create(
             input_file_id=upload(client, lines),
             endpoint="/v1/chat/completions",
             completion_window="24h",
+            extra_body={"webhook": hook_url(receiver, "/expired")},
         )
         done = wait_for(client, batch.id, {"expired", "completed"})
+        assert one_delivery(cluster, receiver, batch.id, "/expired")["status"] == "expired"
         assert done.status == "expired"
         counts = done.request_counts
         assert counts is not None and counts.total == 20
@@ -248,3 +258,101 @@ def test_expiry_keeps_finished_lines_and_fails_the_rest_as_batch_expired(
         assert {line["error"]["code"] for line in errors} == {"batch_expired"}
         assert len(lines_of(client, done.output_file_id)) == counts.completed
         assert done.expired_at
+
+
+# --- a batch's webhook ------------------------------------------------------------------
+
+
+def hook_url(receiver: Receiver, path: str) -> str:
+    return f"http://127.0.0.1:{receiver.port}{path}"
+
+
+def one_delivery(cluster: Cluster, receiver: Receiver, batch_id: str, path: str) -> Any:
+    """The one delivery a batch's end makes, checked: signed, `msg_<batch id>_completed`, the
+    batch object as `GET /v1/batches/{id}` answers it; then none but it once all settle."""
+    got: Received = receiver.next(WAIT_S)
+    assert got.path == path
+    assert got.headers["webhook-id"] == f"msg_{batch_id}_completed"
+    assert_signed(got.headers, got.body)
+    body = json.loads(got.body)
+    wait_until_settled(cluster)
+    assert receiver.received.empty()
+    current = httpx.get(  # KEY_A is every batch's owner here; a cluster without keys ignores it
+        f"{cluster.base_url}/v1/batches/{batch_id}",
+        headers={"Authorization": f"Bearer {KEY_A}"},
+        timeout=30,
+    ).json()
+    assert body == current
+    return body
+
+
+def test_a_batch_with_a_webhook_delivers_one_signed_completed_event(
+    client: openai.OpenAI, cluster: Cluster, receiver: Receiver
+) -> None:
+    url = hook_url(receiver, "/done")
+    created = client.batches.create(
+        input_file_id=upload(client, [chat_line(f"w-{i}") for i in range(3)]),
+        endpoint="/v1/chat/completions",
+        completion_window="24h",
+        extra_body={"webhook": url},
+    )
+    assert (created.model_extra or {})["webhook"] == url
+    body = one_delivery(cluster, receiver, created.id, "/done")
+    assert body["object"] == "batch" and body["id"] == created.id
+    assert body["status"] == "completed" and body["completed_at"]
+    assert body["request_counts"] == {"total": 3, "completed": 3, "failed": 0}
+    assert body["output_file_id"] and body["webhook"] == url
+    assert Batch.model_validate(body).status == "completed"  # the openai SDK's batch shape
+
+
+def test_a_cancelled_or_failed_batch_delivers_one_event_with_its_status(
+    client: openai.OpenAI, cluster: Cluster, receiver: Receiver
+) -> None:
+    lines = [chat_line(f"wc-{i}", max_tokens=200, ignore_eos=True) for i in range(20)]
+    running = client.batches.create(
+        input_file_id=upload(client, lines),
+        endpoint="/v1/chat/completions",
+        completion_window="24h",
+        extra_body={"webhook": hook_url(receiver, "/cancelled")},
+    )
+    wait_for(client, running.id, {"in_progress"})
+    client.batches.cancel(running.id)
+    cancelled = one_delivery(cluster, receiver, running.id, "/cancelled")
+    assert cancelled["status"] == "cancelled" and cancelled["cancelled_at"]
+    counts = cancelled["request_counts"]
+    assert counts["total"] == 20 and counts["completed"] + counts["failed"] == 20
+    invalid = client.batches.create(
+        input_file_id=upload(client, [chat_line("ok"), "{not json"]),
+        endpoint="/v1/chat/completions",
+        completion_window="24h",
+        extra_body={"webhook": hook_url(receiver, "/failed")},
+    )
+    failed = one_delivery(cluster, receiver, invalid.id, "/failed")
+    assert failed["status"] == "failed" and failed["errors"]["data"][0]["line"] == 2
+
+
+@pytest.mark.parametrize(
+    ("webhook", "reason"),
+    [
+        ("http://169.254.169.254/latest/meta-data", "allow-list"),
+        ("ftp://127.0.0.1/hook", "http or https"),
+        ("http://user:pw@127.0.0.1/hook", "credentials"),
+    ],
+)
+def test_a_bad_webhook_is_400_naming_it_and_no_batch_is_made(
+    client: openai.OpenAI, webhook: str, reason: str
+) -> None:
+    file_id = upload(client, [chat_line("never")])
+    before = [b.id for b in client.batches.list()]
+    with pytest.raises(openai.BadRequestError) as refused:
+        client.batches.create(
+            input_file_id=file_id,
+            endpoint="/v1/chat/completions",
+            completion_window="24h",
+            extra_body={"webhook": webhook},
+        )
+    error = refused.value.body
+    assert isinstance(error, dict)
+    assert (error["type"], error["param"]) == ("invalid_request_error", "webhook")
+    assert reason in error["message"]
+    assert [b.id for b in client.batches.list()] == before

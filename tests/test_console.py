@@ -3,12 +3,15 @@
 
 from __future__ import annotations
 
+import io
+import json
 import re
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import httpx
+import openai
 import pytest
 import redis
 import rq
@@ -18,6 +21,7 @@ from playwright.sync_api import Browser, Page, expect, sync_playwright
 from tests.cluster import MODEL_NAME, Cluster, ClusterFactory
 from tokenrelay.api.app import create_app
 from tokenrelay.api.routes.console import STATIC_DIR
+from tokenrelay.cli.harness import eventually
 from tokenrelay.shared import keys, scripts
 from tokenrelay.shared.rq_jobs import GENERATE_FUNCTION
 from tokenrelay.shared.script_runner import SyncScripts
@@ -325,6 +329,82 @@ def test_console_streams_a_reply_stops_it_and_shows_the_cluster(
     )
     expect(page.locator("#inflight")).to_have_text("0")
     page.screenshot(path=ARTIFACTS / "console-stopped.png")
+    page.close()
+
+
+def _create_batch(client: openai.OpenAI, lines: list[str]) -> str:
+    file_id = client.files.create(
+        file=("in.jsonl", io.BytesIO("".join(line + "\n" for line in lines).encode())),
+        purpose="batch",
+    ).id
+    return client.batches.create(
+        input_file_id=file_id, endpoint="/v1/chat/completions", completion_window="24h"
+    ).id
+
+
+def _batch_line(custom_id: str) -> str:
+    body = {"model": MODEL_NAME, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2}
+    line = {"custom_id": custom_id, "method": "POST", "url": "/v1/chat/completions", "body": body}
+    return json.dumps(line)
+
+
+@pytest.mark.e2e
+def test_console_lists_the_keys_batches_with_counts_pages_and_files(
+    console_cluster: Cluster, browser: Browser
+) -> None:
+    """A page of ten batches, newest first (ten that failed validation), then the older page
+    with the one that ran: its counts and its output file, downloaded with the key; another
+    key's batch is on neither."""
+    expect.set_options(timeout=BROWSER_TIMEOUT_MS)
+    base = f"{console_cluster.base_url}/v1"
+    with (
+        openai.OpenAI(base_url=base, api_key=USER_KEY, max_retries=0) as mine,
+        openai.OpenAI(base_url=base, api_key=ADMIN_KEY, max_retries=0) as theirs,
+    ):
+        ran = _create_batch(mine, [_batch_line("a"), _batch_line("b")])
+        eventually(
+            lambda: mine.batches.retrieve(ran).status == "completed", 120, "the batch to run"
+        )
+        failed = [_create_batch(mine, ["{not json"]) for _ in range(10)]
+        foreign = _create_batch(theirs, [_batch_line("x")])
+        eventually(
+            lambda: all(mine.batches.retrieve(b).status == "failed" for b in failed),
+            60,
+            "the bad batches to fail validation",
+        )
+    page = browser.new_page(viewport={"width": 1440, "height": 900})
+    _open_with_key(page, console_cluster.base_url, USER_KEY)
+    rows = page.locator("#batch-list tbody tr")
+    expect(rows).to_have_count(10)
+    newest = page.locator(f'#batch-list tr[data-batch-id="{failed[-1]}"]')
+    expect(newest.locator("td.status")).to_have_text("failed")
+    expect(newest.locator("td.files")).to_have_text("\u2013")  # no files
+    expect(page.locator(f'#batch-list tr[data-batch-id="{ran}"]')).to_have_count(0)
+    expect(page.locator("#batches-newer")).to_be_disabled()
+
+    page.click("#batches-older")
+    expect(page.locator("#batches-page")).to_have_text("page 2")
+    expect(rows).to_have_count(1)
+    row = page.locator(f'#batch-list tr[data-batch-id="{ran}"]')
+    expect(row.locator("td.status")).to_have_text("completed")
+    expect(row).to_contain_text("/v1/chat/completions")
+    expect(row.locator("td.count-total")).to_have_text("2")
+    expect(row.locator("td.count-completed")).to_have_text("2")
+    expect(row.locator("td.count-failed")).to_have_text("0")
+    expect(row.locator("td.files a.errors")).to_have_count(0)
+    expect(page.locator(f'#batch-list tr[data-batch-id="{foreign}"]')).to_have_count(0)
+    expect(page.locator("#batches-older")).to_be_disabled()
+    page.screenshot(path=ARTIFACTS / "console-batches.png")
+
+    with page.expect_download() as download:
+        row.locator("td.files a.output").click()
+    saved = download.value
+    assert saved.suggested_filename == f"{ran}_output.jsonl"
+    output = [json.loads(line) for line in Path(saved.path()).read_text().splitlines()]
+    assert [line["custom_id"] for line in output] == ["a", "b"]
+    page.click("#batches-newer")
+    expect(page.locator("#batches-page")).to_have_text("page 1")
+    expect(rows).to_have_count(10)
     page.close()
 
 

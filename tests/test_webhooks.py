@@ -6,17 +6,11 @@ from __future__ import annotations
 
 import asyncio
 import base64
-import hashlib
-import hmac
-import http.server
 import ipaddress
 import json
-import queue
 import socket
-import threading
-import time
-from collections.abc import Iterator
-from dataclasses import dataclass, field
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field, replace
 
 import httpx
 import pydantic
@@ -25,7 +19,18 @@ import redis
 import redis.asyncio
 
 from tests.cluster import MODEL_NAME, Cluster, ClusterFactory
+from tests.webhook_receiver import (
+    SECRET,
+    Receiver,
+    assert_signed,
+    independent_signature,
+    nothing_left,
+    wait_until_settled,
+)
+from tokenrelay.api.batch_models import Batch, BatchField, BatchStatus
+from tokenrelay.api.batch_store import transition
 from tokenrelay.api.job_request import JobRequest
+from tokenrelay.api.state import AppState
 from tokenrelay.api.webhook_policy import (
     IPAddress,
     Resolver,
@@ -39,7 +44,6 @@ from tokenrelay.api.webhook_policy import (
 )
 from tokenrelay.api.webhook_queue import Delivery, WebhookQueue
 from tokenrelay.api.webhooks import Dispatcher, Outcome, backoff_s, signature
-from tokenrelay.cli.harness import eventually
 from tokenrelay.shared import keys, scripts
 from tokenrelay.shared.errors import InvalidRequest
 from tokenrelay.shared.events import Done, Started, Usage
@@ -47,25 +51,8 @@ from tokenrelay.shared.jobs import JobRecord
 from tokenrelay.shared.script_runner import SyncScripts
 from tokenrelay.shared.settings import Settings
 
-SECRET = "whsec_" + base64.b64encode(bytes(range(32))).decode()
 PUBLIC = ipaddress.ip_address("93.184.216.34")
 HOOK_URL = "https://hooks.example.com/tokenrelay"
-WAIT_S = 60.0
-
-
-def independent_signature(secret: str, message_id: str, timestamp: str, body: bytes) -> str:
-    """Standard Webhooks verification, written from the spec without tokenrelay's code."""
-    key = base64.b64decode(secret.split("_", 1)[1])
-    signed = message_id.encode() + b"." + timestamp.encode() + b"." + body
-    return "v1," + base64.b64encode(hmac.new(key, signed, hashlib.sha256).digest()).decode()
-
-
-def assert_signed(headers: dict[str, str], body: bytes, secret: str = SECRET) -> None:
-    expected = independent_signature(
-        secret, headers["webhook-id"], headers["webhook-timestamp"], body
-    )
-    assert hmac.compare_digest(headers["webhook-signature"], expected)
-    assert abs(int(headers["webhook-timestamp"]) - time.time()) < 600
 
 
 # --- signing and settings ---------------------------------------------------------------
@@ -339,7 +326,7 @@ def test_every_terminal_path_queues_completed(
     sync_redis.zadd(keys.leases(), {"lost": 0, "late": 0})
     assert run.run(scripts.reap(settings)) == ["lost"]
     deliveries = queued(sync_redis)
-    assert sorted(d.job_id for d in deliveries) == ["cancelled", "late", "lost"]
+    assert sorted(d.subject_id for d in deliveries) == ["cancelled", "late", "lost"]
     assert {d.event for d in deliveries} == {"completed"}
     statuses = [sync_redis.hget(keys.job(j), "status") for j in ("cancelled", "lost", "late")]
     assert statuses == ["cancelled", "failed", "expired"]
@@ -394,12 +381,6 @@ def finished_job(
 def redis_now_ms(sync_redis: redis.Redis) -> int:
     seconds, micros = sync_redis.time()
     return int(seconds) * 1000 + int(micros) // 1000
-
-
-def nothing_left(sync_redis: redis.Redis) -> bool:
-    processing = list(sync_redis.scan_iter(keys.webhook_processing("*")))
-    lists = [keys.webhook_deliveries(), *processing]
-    return sum(sync_redis.llen(k) for k in lists) + sync_redis.zcard(keys.webhook_retries()) == 0
 
 
 async def test_a_delivery_is_the_signed_record_and_is_settled(
@@ -547,57 +528,6 @@ async def test_a_stopping_dispatcher_hands_its_deliveries_back(
 # --- a real receiver -------------------------------------------------------------------
 
 
-@dataclass
-class Received:
-    path: str
-    headers: dict[str, str]
-    body: bytes
-
-
-class Receiver:
-    """An HTTP server thread on 127.0.0.1 that records every POST; `fail[path]` requests to a
-    path are answered 500 before it starts answering 204."""
-
-    def __init__(self) -> None:
-        self.received: queue.Queue[Received] = queue.Queue()
-        self.fail: dict[str, int] = {}
-        receiver = self
-
-        class Handler(http.server.BaseHTTPRequestHandler):
-            def do_POST(self) -> None:
-                body = self.rfile.read(int(self.headers.get("content-length", "0")))
-                headers = {k.lower(): v for k, v in self.headers.items()}
-                receiver.received.put(Received(self.path, headers, body))
-                failures = receiver.fail.get(self.path, 0)
-                receiver.fail[self.path] = failures - 1
-                self.send_response(500 if failures > 0 else 204)
-                self.send_header("content-length", "0")
-                self.end_headers()
-
-            def log_message(self, format: str, *args: object) -> None:
-                pass
-
-        self.server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.port = self.server.server_address[1]
-        self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
-        self.thread.start()
-
-    def next(self, timeout_s: float = WAIT_S) -> Received:
-        return self.received.get(timeout=timeout_s)
-
-    def close(self) -> None:
-        self.server.shutdown()
-        self.server.server_close()
-        self.thread.join(timeout=10)
-
-
-@pytest.fixture
-def receiver() -> Iterator[Receiver]:
-    server = Receiver()
-    yield server
-    server.close()
-
-
 async def test_the_dispatcher_loop_delivers_through_a_pinned_address(
     run: SyncScripts,
     redis_url: str,
@@ -663,6 +593,166 @@ def test_jobs_route_refuses_webhooks_until_configured_and_stores_a_valid_one(
     ]
 
 
+# --- batch webhooks, in process ---------------------------------------------------------
+
+BATCH_ID = "batch_" + "b" * 32
+
+
+def batch_hash(sync_redis: redis.Redis, batch_id: str, webhook: str | None = HOOK_URL) -> None:
+    """A running batch's record, as `api.batch_store` writes one."""
+    fields = {
+        BatchField.OWNER: "anonymous",
+        BatchField.STATUS: BatchStatus.IN_PROGRESS,
+        BatchField.ENDPOINT: "/v1/chat/completions",
+        BatchField.INPUT_FILE_ID: "file-" + "f" * 32,
+        BatchField.TOTAL: 2,
+        BatchField.COMPLETED: 1,
+        BatchField.FAILED: 1,
+        "created_at": 1_700_000_000,
+    }
+    if webhook is not None:
+        fields[BatchField.WEBHOOK] = webhook
+    sync_redis.hset(keys.batch(batch_id), mapping=fields)
+
+
+@pytest.fixture
+async def app_states(hook_settings: Settings) -> AsyncIterator[tuple[AppState, AppState]]:
+    """Two API processes' long-lived state against the same Redis."""
+    first, second = AppState.build(hook_settings), AppState.build(hook_settings)
+    yield first, second
+    await first.close()
+    await second.close()
+
+
+def test_a_batch_delivery_record_round_trips_and_is_told_from_a_jobs() -> None:
+    batch = Delivery(BATCH_ID, "completed", kind="batch")
+    assert json.loads(batch.to_json()) == {"batch_id": BATCH_ID, "event": "completed", "attempt": 0}
+    assert Delivery.parse(batch.to_json()) == batch
+    assert Delivery.parse(batch.next_attempt().to_json()) == replace(batch, attempt=1)
+    assert batch.message_id == f"msg_{BATCH_ID}_completed"
+    job = Delivery.parse('{"job_id": "j1", "event": "start", "attempt": 2}')
+    assert (job.kind, job.subject_id, job.attempt) == ("job", "j1", 2)
+    for raw in ('{"job_id": "j", "batch_id": "b", "event": "e", "attempt": 0}', '{"event": "e"}'):
+        with pytest.raises(ValueError, match="not a delivery record"):
+            Delivery.parse(raw)
+
+
+async def test_ending_a_batch_queues_one_delivery_of_the_signed_batch_object(
+    app_states: tuple[AppState, AppState],
+    hook_settings: Settings,
+    sync_redis: redis.Redis,
+    async_redis: redis.asyncio.Redis,
+) -> None:
+    state, _ = app_states
+    batch_hash(sync_redis, BATCH_ID)
+    moved = await transition(
+        state, BATCH_ID, (BatchStatus.IN_PROGRESS,), BatchStatus.FINALIZING, {"finalizing_at": 1}
+    )
+    assert moved and queued(sync_redis) == []  # not terminal: nothing to deliver yet
+    ended = await transition(
+        state, BATCH_ID, (BatchStatus.FINALIZING,), BatchStatus.COMPLETED, {"completed_at": 2}
+    )
+    assert ended
+    assert queued(sync_redis) == [Delivery(BATCH_ID, "completed", kind="batch")]
+    receiver = FakeReceiver()
+    dispatcher = make_dispatcher(async_redis, hook_settings, receiver)
+    await dispatcher.queue.tick()
+    raw = await dispatcher.queue.take(1)
+    assert raw is not None
+    assert await dispatcher.handle(raw) is Outcome.DELIVERED
+    assert nothing_left(sync_redis)
+    [request] = receiver.requests
+    assert request.headers["webhook-id"] == f"msg_{BATCH_ID}_completed"
+    assert request.headers["host"] == "hooks.example.com"
+    assert_signed(dict(request.headers), request.content)
+    sent = Batch.model_validate_json(request.content)
+    assert sent == Batch.from_redis(BATCH_ID, sync_redis.hgetall(keys.batch(BATCH_ID)))
+    assert (sent.status, sent.completed_at, sent.webhook) == ("completed", 2, HOOK_URL)
+    assert sent.request_counts.model_dump() == {"total": 2, "completed": 1, "failed": 1}
+
+
+async def test_two_processes_racing_to_end_a_batch_queue_exactly_one_delivery(
+    app_states: tuple[AppState, AppState], sync_redis: redis.Redis
+) -> None:
+    """Each round, two API processes end the same batch at once (one as completed, one as
+    expired): the WATCH lets exactly one win, and only the winner's delivery is queued."""
+    first, second = app_states
+    rounds = [f"batch_{i:032x}" for i in range(20)]
+    for batch_id in rounds:
+        batch_hash(sync_redis, batch_id)
+        won = await asyncio.gather(
+            transition(first, batch_id, (BatchStatus.IN_PROGRESS,), BatchStatus.COMPLETED),
+            transition(second, batch_id, (BatchStatus.IN_PROGRESS,), BatchStatus.EXPIRED),
+        )
+        assert sorted(won) == [False, True]
+        status = sync_redis.hget(keys.batch(batch_id), BatchField.STATUS)
+        assert status == (BatchStatus.COMPLETED if won[0] else BatchStatus.EXPIRED)
+    deliveries = queued(sync_redis)
+    assert [d.subject_id for d in deliveries] == rounds
+    assert {(d.kind, d.event) for d in deliveries} == {("batch", "completed")}
+
+
+async def test_a_batch_without_a_webhook_or_whose_record_expired_sends_nothing(
+    app_states: tuple[AppState, AppState],
+    hook_settings: Settings,
+    sync_redis: redis.Redis,
+    async_redis: redis.asyncio.Redis,
+) -> None:
+    state, _ = app_states
+    batch_hash(sync_redis, BATCH_ID, webhook=None)
+    assert await transition(state, BATCH_ID, (BatchStatus.IN_PROGRESS,), BatchStatus.CANCELLED)
+    assert queued(sync_redis) == []
+    batch_hash(sync_redis, "batch_" + "c" * 32)
+    assert await transition(
+        state, "batch_" + "c" * 32, (BatchStatus.IN_PROGRESS,), BatchStatus.FAILED
+    )
+    sync_redis.delete(keys.batch("batch_" + "c" * 32))  # gone before the dispatcher took it
+    receiver = FakeReceiver()
+    dispatcher = make_dispatcher(async_redis, hook_settings, receiver)
+    await dispatcher.queue.tick()
+    raw = await dispatcher.queue.take(1)
+    assert raw is not None
+    assert await dispatcher.handle(raw) is Outcome.DROPPED
+    assert receiver.requests == [] and nothing_left(sync_redis)
+
+
+def test_batches_route_refuses_a_bad_webhook_with_a_400_naming_it(redis_url: str) -> None:
+    from fastapi.testclient import TestClient
+
+    from tokenrelay.api.app import create_app
+
+    body = {
+        "input_file_id": "file-" + "0" * 32,
+        "endpoint": "/v1/chat/completions",
+        "completion_window": "24h",
+        "webhook": HOOK_URL,
+    }
+    with TestClient(create_app(Settings(redis_url=redis_url, served_model_name="m"))) as client:
+        off = client.post("/v1/batches", json=body)
+        assert off.status_code == 400
+        assert off.json()["error"]["param"] == "webhook"
+        assert "TOKENRELAY_WEBHOOK_ALLOWED_HOSTS" in off.json()["error"]["message"]
+    settings = webhook_settings(redis_url=redis_url, served_model_name="m")
+    with TestClient(create_app(settings)) as client:
+        for url, reason in [
+            ("http://169.254.169.254/latest", "allow-list"),
+            ("http://10.0.0.1/x", "private address"),
+            ("ftp://hooks.example.com/x", "http or https"),
+        ]:
+            refused = client.post("/v1/batches", json=body | {"webhook": url})
+            assert refused.status_code == 400
+            error = refused.json()["error"]
+            assert (error["type"], error["param"]) == ("invalid_request_error", "webhook")
+            assert reason in error["message"]
+        filtered = client.post("/v1/batches", json=body | {"webhook_events_filter": ["start"]})
+        assert filtered.status_code == 400
+        assert filtered.json()["error"]["param"] == "webhook_events_filter"
+        # a good webhook passes its check: the unknown file is what is refused
+        unknown_file = client.post("/v1/batches", json=body)
+        assert unknown_file.status_code == 404
+        assert unknown_file.json()["error"]["code"] == "file_not_found"
+
+
 # --- end to end: real API and worker processes ------------------------------------------
 
 
@@ -692,15 +782,6 @@ def submit(cluster: Cluster, webhook: str, tokens: int, events: list[str] | None
     response = httpx.post(f"{cluster.base_url}/v1/jobs", json=body, timeout=30)
     assert response.status_code == 202, response.text
     return str(response.json()["id"])
-
-
-def wait_until_settled(cluster: Cluster) -> None:
-    """Every delivery queued so far is settled: none waiting, held or scheduled for retry."""
-    client = redis.Redis.from_url(cluster.redis_url, decode_responses=True)
-    try:
-        eventually(lambda: nothing_left(client), WAIT_S, "webhook deliveries to settle")
-    finally:
-        client.close()
 
 
 @pytest.mark.e2e

@@ -16,7 +16,8 @@ router = APIRouter(prefix="/v1/batches", tags=["batches"], responses=BATCH_ERROR
 
 @router.post("")
 async def create_batch(body: BatchCreate, state: StateDep, caller: CallerDep) -> Batch:
-    """Create a batch from an uploaded file (`purpose=batch`); it starts `validating`."""
+    """Create a batch from an uploaded file (`purpose=batch`); it starts `validating`. With
+    tokenrelay's `webhook`, the batch object is POSTed there, signed, once it ends."""
     return await batch_store.create_batch(state, caller, body)
 
 

@@ -1,7 +1,8 @@
 """`/ui`: the web console (playground and live cluster view), static files from `api/static`.
 
 Plain HTML, CSS and JavaScript shipped in the package: no build step, no CDN. The page
-talks to the public API (`/v1/models`, `/v1/chat/completions`, `/v1/jobs`, `/v1/cluster`).
+talks to the public API (`/v1/models`, `/v1/chat/completions`, `/v1/jobs`, `/v1/cluster`,
+`/v1/batches`, `/v1/files/{id}/content`).
 """
 
 from __future__ import annotations

@@ -1,9 +1,11 @@
-// tokenrelay web console: a chat playground that streams through the public API, and a
-// cluster view that polls GET /v1/cluster. Plain browser JavaScript, no build step.
+// tokenrelay web console: a chat playground that streams through the public API, a
+// cluster view that polls GET /v1/cluster, and the key's batches from GET /v1/batches.
+// Plain browser JavaScript, no build step.
 "use strict";
 
 const KEY_STORAGE = "tokenrelay.apiKey";
 const CLUSTER_POLL_MS = 1000;
+const BATCH_PAGE_SIZE = 10;
 const STOP_GRACE_MS = 5000;
 const TERMINAL = new Set(["succeeded", "failed", "cancelled", "expired"]);
 
@@ -12,6 +14,7 @@ const state = {
   messages: [], // the conversation so far: {role, content}
   run: null, // the reply being streamed: see send()
   keyRequired: false,
+  batchCursors: [null], // `after` of each batch page seen, newest page first
 };
 
 // ---- API access ---------------------------------------------------------------------
@@ -88,8 +91,9 @@ function setupKeyForm() {
     if (key) window.sessionStorage.setItem(KEY_STORAGE, key);
     else window.sessionStorage.removeItem(KEY_STORAGE);
     hideNotice();
+    state.batchCursors = [null];
     loadModels();
-    pollCluster();
+    pollViews();
   });
 }
 
@@ -346,7 +350,7 @@ async function finish(run) {
   };
   const [text, kind] = labels[status] || [status || "ended", "bad"];
   setStatus(text, kind);
-  pollCluster();
+  pollViews();
 }
 
 // The job's record once it is terminal (a running job stops at its next decoding step).
@@ -383,12 +387,12 @@ function setupPlayground() {
 
 let clusterTimer = null;
 
-async function pollCluster() {
+async function pollViews() {
   clearTimeout(clusterTimer);
   try {
-    if (!document.hidden) await refreshCluster();
+    if (!document.hidden) await Promise.all([refreshCluster(), refreshBatches()]);
   } finally {
-    clusterTimer = setTimeout(pollCluster, CLUSTER_POLL_MS);
+    clusterTimer = setTimeout(pollViews, CLUSTER_POLL_MS);
   }
 }
 
@@ -504,11 +508,130 @@ function renderCluster(view) {
   );
 }
 
+// ---- Batches ------------------------------------------------------------------------
+
+async function refreshBatches() {
+  const box = $("batches-notice");
+  const after = state.batchCursors[state.batchCursors.length - 1];
+  const query = new URLSearchParams({ limit: String(BATCH_PAGE_SIZE) });
+  if (after !== null) query.set("after", after);
+  let response;
+  try {
+    response = await api("GET", `batches?${query}`);
+  } catch (err) {
+    box.textContent = `Cannot reach the gateway: ${err.message}`;
+    box.hidden = false;
+    return;
+  }
+  if (!response.ok) {
+    box.textContent =
+      response.status === 401
+        ? "Enter an API key above to see its batches."
+        : await describeError(response);
+    box.hidden = false;
+    return;
+  }
+  const page = await response.json();
+  // A page asked for before Older / Newer was clicked is no longer the one on show.
+  if (state.batchCursors[state.batchCursors.length - 1] !== after) return;
+  box.hidden = true;
+  renderBatches(page);
+}
+
+function fileLink(fileId, label, name) {
+  const link = document.createElement("a");
+  link.href = apiUrl(`files/${fileId}/content`);
+  link.textContent = label;
+  link.title = `${name} (${fileId})`;
+  link.className = label;
+  link.dataset.fileId = fileId;
+  link.addEventListener("click", (event) => {
+    event.preventDefault();
+    download(fileId, name);
+  });
+  return link;
+}
+
+// The content needs the API key, which a plain link cannot send: fetch it, then save it.
+async function download(fileId, name) {
+  const box = $("batches-notice");
+  let response;
+  try {
+    response = await api("GET", `files/${fileId}/content`);
+  } catch (err) {
+    box.textContent = `Cannot reach the gateway: ${err.message}`;
+    box.hidden = false;
+    return;
+  }
+  if (!response.ok) {
+    box.textContent = await describeError(response);
+    box.hidden = false;
+    return;
+  }
+  const url = URL.createObjectURL(await response.blob());
+  const save = Object.assign(document.createElement("a"), { href: url, download: name });
+  document.body.append(save);
+  save.click();
+  save.remove();
+  setTimeout(() => URL.revokeObjectURL(url), 60_000);
+}
+
+function renderBatches(page) {
+  const rows = page.data.map((batch) => {
+    const id = cell(shortId(batch.id.replace(/^batch_/, "")), "ids");
+    id.title = batch.id;
+    const counts = batch.request_counts;
+    const files = document.createElement("td");
+    files.className = "files";
+    if (batch.output_file_id) {
+      files.append(fileLink(batch.output_file_id, "output", `${batch.id}_output.jsonl`));
+    }
+    if (batch.error_file_id) {
+      files.append(fileLink(batch.error_file_id, "errors", `${batch.id}_error.jsonl`));
+    }
+    if (!files.childElementCount) files.textContent = "–";
+    const tr = row(
+      id,
+      cell(batch.status, `status ${batch.status}`),
+      cell(batch.endpoint),
+      cell(String(counts.total), "num count-total"),
+      cell(String(counts.completed), "num count-completed"),
+      cell(String(counts.failed), "num count-failed"),
+      cell(new Date(batch.created_at * 1000).toLocaleString()),
+      files
+    );
+    tr.dataset.batchId = batch.id;
+    return tr;
+  });
+  $("batch-list").tBodies[0].replaceChildren(
+    ...(rows.length ? rows : [row(cell("no batches", "empty"))])
+  );
+  const older = page.has_more ? page.last_id : null;
+  $("batches-older").disabled = older === null;
+  $("batches-older").dataset.after = older || "";
+  $("batches-newer").disabled = state.batchCursors.length === 1;
+  $("batches-page").textContent = `page ${state.batchCursors.length}`;
+}
+
+function setupBatches() {
+  $("batches-older").addEventListener("click", () => {
+    const after = $("batches-older").dataset.after;
+    if (!after) return;
+    state.batchCursors.push(after);
+    refreshBatches();
+  });
+  $("batches-newer").addEventListener("click", () => {
+    if (state.batchCursors.length > 1) state.batchCursors.pop();
+    refreshBatches();
+  });
+}
+
 document.addEventListener("visibilitychange", () => {
-  if (!document.hidden) pollCluster();
+  if (!document.hidden) pollViews();
 });
 
 setupKeyForm();
 setupPlayground();
+setupBatches();
 loadModels();
-pollCluster();
+pollViews();
