@@ -7,6 +7,11 @@ first, then replays the log, then forwards live events, dropping duplicates by `
 late or reconnecting reader misses nothing. When the pub/sub connection drops (Redis
 restart) or stays quiet for a ping interval, each reader re-reads the log from its last
 `seq`: published messages lost meanwhile are recovered.
+
+A server that stops answering (a frozen primary) keeps the connection open: the hub pings
+it when it has been quiet for `_PING_AFTER_S` while subscribed, and takes it for dead when
+no reply comes within `_SILENCE_S`, or when a subscription is not confirmed in time; it then
+reconnects (through the sentinels, to the primary they name) and subscribes again.
 """
 
 from __future__ import annotations
@@ -28,6 +33,9 @@ log = logging.getLogger(__name__)
 
 _SUBSCRIBE_TIMEOUT_S = 5.0
 _RECONNECT_BACKOFF_S = 0.5
+_PING_AFTER_S = 2.0
+_SILENCE_S = 6.0
+_PING_MESSAGE = "tokenrelay-hub"
 # What a dropped pub/sub connection raises: under uvloop, a command written to a transport
 # that Redis closed raises RuntimeError ("the handler is closed"), not a ConnectionError.
 _CONNECTION_ERRORS = (RedisError, OSError, RuntimeError)
@@ -59,6 +67,7 @@ class StreamHub:
         self._readers: dict[str, set[asyncio.Queue[Any]]] = {}
         self._confirmed: dict[str, asyncio.Event] = {}
         self._connected = asyncio.Event()
+        self._unconfirmed = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
 
     def start(self) -> None:
@@ -131,7 +140,7 @@ class StreamHub:
                     # Subscribe on the connection the read loop listens to, never a second one.
                     await asyncio.wait_for(self._connected.wait(), _SUBSCRIBE_TIMEOUT_S)
                     await self._pubsub.subscribe(channel)
-                await asyncio.wait_for(self._confirmed[channel].wait(), _SUBSCRIBE_TIMEOUT_S)
+                await self._confirmation(channel)
             except _CONNECTION_ERRORS as exc:  # TimeoutError is an OSError
                 message = f"pub/sub subscription failed: {exc!r}"
                 raise redis.exceptions.ConnectionError(message) from exc
@@ -144,24 +153,51 @@ class StreamHub:
                 with contextlib.suppress(*_CONNECTION_ERRORS):
                     await self._pubsub.unsubscribe(channel)
 
+    async def _confirmation(self, channel: str) -> None:
+        """Wait for the subscription's confirmation; a connection that gives none in time is
+        replaced (the read loop reconnects and subscribes again), and waited for once more."""
+        confirmed = self._confirmed[channel]
+        try:
+            await asyncio.wait_for(confirmed.wait(), _SUBSCRIBE_TIMEOUT_S)
+        except TimeoutError:
+            self._unconfirmed.set()
+            await asyncio.wait_for(confirmed.wait(), _SUBSCRIBE_TIMEOUT_S)
+
     async def _read_loop(self) -> None:
+        loop = asyncio.get_running_loop()
         while True:
             try:
                 await self._pubsub.connect()
+                self._unconfirmed.clear()
                 self._connected.set()
+                heard_at = pinged_at = loop.time()
                 while True:
                     message = await self._pubsub.get_message(timeout=1.0)
+                    now = loop.time()
                     if message is not None:
+                        heard_at = now
                         self._dispatch(message)
+                    elif self._unconfirmed.is_set() or now - heard_at > _SILENCE_S:
+                        raise redis.exceptions.ConnectionError("pub/sub server stopped answering")
+                    elif self._pubsub.subscribed and now - max(heard_at, pinged_at) > _PING_AFTER_S:
+                        await self._pubsub.ping(_PING_MESSAGE)
+                        pinged_at = now
+                    if not self._pubsub.subscribed:
+                        heard_at = now  # nothing to hear: a subscription tells the rest
             except _CONNECTION_ERRORS as exc:
                 log.warning("pub/sub connection lost, reconnecting: %s", exc)
                 self._connected.clear()
                 for readers in self._readers.values():
                     for queue in readers:
                         queue.put_nowait(_RESYNC)
+                if self._pubsub.connection is not None:
+                    with contextlib.suppress(*_CONNECTION_ERRORS):
+                        await self._pubsub.connection.disconnect()
                 await asyncio.sleep(_RECONNECT_BACKOFF_S)
 
     def _dispatch(self, message: dict[str, Any]) -> None:
+        if message["type"] == "pong":
+            return
         channel = _text(message["channel"])
         if message["type"] == "subscribe":
             confirmed = self._confirmed.get(channel)

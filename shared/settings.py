@@ -45,6 +45,7 @@ class Settings(BaseSettings):
     redis_min_replicas: int = Field(default=0, ge=0)
     redis_pool_size: int = Field(default=32, ge=2)
     worker_redis_pool_size: int = Field(default=8, ge=3)
+    api_redis_timeout_s: float = Field(default=5.0, ge=2.0)
     model: str = DEFAULT_MODEL
     served_model_name: str = ""
     max_inflight: int = Field(default=64, ge=1)

@@ -7,9 +7,14 @@
 -- of it finds the job ended so: that status, its final event at that seq), 0 if it was
 -- already terminal otherwise or is unknown, -1 if the job still runs and its log lacks events
 -- below that seq.
+-- A worker's FINISH (a seq given) leaves a queued job queued and returns -2: its worker
+-- started it on an old primary, whose writes a failover discarded; it gives the job back.
 local id, status, expected = ARGV[27], ARGV[28], tonumber(ARGV[31])
 if expected >= 0 then
   local current, next = redis.call('HGET', key(T_HASH, id), F_STATUS), next_seq(id)
+  if current == S_QUEUED then
+    return -2
+  end
   if current == S_RUNNING and next < expected then
     return -1
   end
