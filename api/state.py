@@ -47,23 +47,23 @@ class AppState:
         # server that stopped answering (a frozen primary never closes its connections), and
         # redis-py's retry reconnects, through the sentinels, to the primary they name.
         connector = redis_connect.RedisConnector(settings)
-        timeouts: dict[str, Any] = {
+        options: dict[str, Any] = {
             "pool_wait_s": REDIS_POOL_WAIT_S,
             "socket_timeout": settings.api_redis_timeout_s,
             "socket_connect_timeout": REDIS_CONNECT_TIMEOUT_S,
             "health_check_interval": REDIS_HEALTH_CHECK_S,
         }
         client = connector.async_client(
-            max_connections=settings.redis_pool_size, decode_responses=True, **timeouts
+            max_connections=settings.redis_pool_size, decode_responses=True, **options
         )
         return cls(
             settings=settings,
             redis=client,
             redis_bytes=connector.async_client(
-                max_connections=BYTES_POOL_SIZE, decode_responses=False, **timeouts
+                max_connections=BYTES_POOL_SIZE, decode_responses=False, **options
             ),
             rq_connection=connector.sync_client(
-                max_connections=settings.redis_pool_size, **timeouts
+                max_connections=settings.redis_pool_size, **options
             ),
             scripts=AsyncScripts(client),
             hub=StreamHub(client),
