@@ -22,6 +22,7 @@ from tokenrelay.shared.settings import Settings
 REDIS_POOL_WAIT_S = 5.0
 BYTES_POOL_SIZE = 8
 REDIS_CONNECT_TIMEOUT_S = 5.0  # an unreachable Redis (no RST) is a 503, not a 2-minute hang
+REDIS_HEALTH_CHECK_S = 30
 
 
 @dataclass
@@ -39,6 +40,7 @@ class AppState:
     hub: StreamHub
     keys: KeyRing
     prompt_fit: PromptFit
+    connector: redis_connect.RedisConnector
     _background: set[asyncio.Task[Any]] = field(default_factory=set)
 
     @classmethod
@@ -47,43 +49,39 @@ class AppState:
         # "Too many connections" (redis-py's default pool caps at 100 and refuses the rest);
         # the pool, the stream hub's one pub/sub connection included, bounds this process's
         # connections whatever the number of streams (`TOKENRELAY_REDIS_POOL_SIZE`).
-        client = redis_connect.async_client(
-            settings,
-            max_connections=settings.redis_pool_size,
-            pool_wait_s=REDIS_POOL_WAIT_S,
-            decode_responses=True,
-            health_check_interval=30,
-            socket_connect_timeout=REDIS_CONNECT_TIMEOUT_S,
+        # Every call fails after `TOKENRELAY_API_REDIS_TIMEOUT_S` instead of hanging on a
+        # server that stopped answering (a frozen primary never closes its connections), and
+        # redis-py's retry reconnects, through the sentinels, to the primary they name.
+        connector = redis_connect.RedisConnector(settings)
+        options: dict[str, Any] = {
+            "pool_wait_s": REDIS_POOL_WAIT_S,
+            "socket_timeout": settings.api_redis_timeout_s,
+            "socket_connect_timeout": REDIS_CONNECT_TIMEOUT_S,
+            "health_check_interval": REDIS_HEALTH_CHECK_S,
+        }
+        client = connector.async_client(
+            max_connections=settings.redis_pool_size, decode_responses=True, **options
         )
         control_scripts = AsyncScripts(client)
         plane = redis_connect.stream_async_client(
-            settings,
-            max_connections=settings.redis_pool_size,
-            pool_wait_s=REDIS_POOL_WAIT_S,
-            decode_responses=True,
-            health_check_interval=30,
-            socket_connect_timeout=REDIS_CONNECT_TIMEOUT_S,
+            settings, max_connections=settings.redis_pool_size, decode_responses=True, **options
         )
         return cls(
             settings=settings,
             redis=client,
             plane=client if plane is None else plane,
-            redis_bytes=redis_connect.async_client(
-                settings,
-                max_connections=BYTES_POOL_SIZE,
-                pool_wait_s=REDIS_POOL_WAIT_S,
-                decode_responses=False,
-                health_check_interval=30,
-                socket_connect_timeout=REDIS_CONNECT_TIMEOUT_S,
+            redis_bytes=connector.async_client(
+                max_connections=BYTES_POOL_SIZE, decode_responses=False, **options
             ),
-            rq_connection=redis_connect.sync_client(
-                settings, max_connections=settings.redis_pool_size, pool_wait_s=REDIS_POOL_WAIT_S
+            rq_connection=connector.sync_client(
+                max_connections=settings.redis_pool_size, **options
             ),
             scripts=control_scripts,
             plane_scripts=control_scripts if plane is None else AsyncScripts(plane),
             hub=StreamHub(client if plane is None else plane),
             keys=KeyRing.from_settings(settings),
             prompt_fit=PromptFit(client),
+            connector=connector,
         )
 
     def spawn(self, work: Coroutine[Any, Any, Any]) -> None:
@@ -102,3 +100,4 @@ class AppState:
             await self.plane.aclose()
         await self.redis_bytes.aclose()
         self.rq_connection.close()
+        await self.connector.aclose()

@@ -8,6 +8,11 @@ first, then replays the log, then forwards live events, dropping duplicates by `
 late or reconnecting reader misses nothing. When the pub/sub connection drops (Redis
 restart) or stays quiet for a ping interval, each reader re-reads the log from its last
 `seq`: published messages lost meanwhile are recovered.
+
+A server that stops answering (a frozen primary) keeps the connection open: the hub pings
+it when it has been quiet for `_PING_AFTER_S` while subscribed, and takes it for dead when
+no reply comes within `_SILENCE_S`, or when a subscription is not confirmed in time; it then
+reconnects (through the sentinels, to the primary they name) and subscribes again.
 """
 
 from __future__ import annotations
@@ -31,6 +36,9 @@ log = logging.getLogger(__name__)
 
 _SUBSCRIBE_TIMEOUT_S = 5.0
 _RECONNECT_BACKOFF_S = 0.5
+_PING_AFTER_S = 2.0
+_SILENCE_S = 6.0
+_PING_MESSAGE = "tokenrelay-hub"
 # What a dropped pub/sub connection raises: under uvloop, a command written to a transport
 # that Redis closed raises RuntimeError ("the handler is closed"), not a ConnectionError; a
 # cluster whose slots are not all served raises RedisClusterException, not a RedisError.
@@ -66,6 +74,8 @@ class _Listener:
     def __init__(self, hub: StreamHub, pubsub: PubSub, *, sharded: bool) -> None:
         self.pubsub = pubsub
         self.connected = asyncio.Event()
+        #: Set when a subscription went unconfirmed: the read loop then replaces the connection.
+        self.unconfirmed = asyncio.Event()
         self._hub = hub
         self._sharded = sharded
         self._task: asyncio.Task[None] | None = None
@@ -94,18 +104,37 @@ class _Listener:
         await self.pubsub.aclose()
 
     async def _read_loop(self) -> None:
+        """Read and dispatch; a server that stops answering (a ping sent after
+        `_PING_AFTER_S` of silence goes unanswered for `_SILENCE_S`, or a subscription is not
+        confirmed) is left for a new connection, as one that closes is."""
+        loop = asyncio.get_running_loop()
+        pubsub = self.pubsub
         while True:
             try:
-                await self.pubsub.connect()
+                await pubsub.connect()
+                self.unconfirmed.clear()
                 self.connected.set()
+                heard_at = pinged_at = loop.time()
                 while True:
-                    message = await self.pubsub.get_message(timeout=1.0)
+                    message = await pubsub.get_message(timeout=1.0)
+                    now = loop.time()
                     if message is not None:
+                        heard_at = now
                         self._hub.dispatch(message)
+                    elif self.unconfirmed.is_set() or now - heard_at > _SILENCE_S:
+                        raise redis.exceptions.ConnectionError("pub/sub server stopped answering")
+                    elif pubsub.subscribed and now - max(heard_at, pinged_at) > _PING_AFTER_S:
+                        await pubsub.ping(_PING_MESSAGE)
+                        pinged_at = now
+                    if not pubsub.subscribed:
+                        heard_at = now  # nothing to hear: a subscription tells the rest
             except _CONNECTION_ERRORS as exc:
                 log.warning("pub/sub connection lost, reconnecting: %s", exc)
                 self.connected.clear()
                 self._hub.resync()
+                if pubsub.connection is not None:
+                    with contextlib.suppress(*_CONNECTION_ERRORS):
+                        await pubsub.connection.disconnect()
                 await asyncio.sleep(_RECONNECT_BACKOFF_S)
 
 
@@ -213,7 +242,7 @@ class StreamHub:
                     # Subscribe on the connection the read loop listens to, never a second one.
                     await asyncio.wait_for(listener.connected.wait(), _SUBSCRIBE_TIMEOUT_S)
                     await listener.subscribe(channel)
-                await asyncio.wait_for(self._confirmed[channel].wait(), _SUBSCRIBE_TIMEOUT_S)
+                await self._confirmation(channel)
             except _CONNECTION_ERRORS as exc:  # TimeoutError is an OSError
                 message = f"pub/sub subscription failed: {exc!r}"
                 raise redis.exceptions.ConnectionError(message) from exc
@@ -226,6 +255,16 @@ class StreamHub:
                 with contextlib.suppress(*_CONNECTION_ERRORS, KeyError):
                     await self._channel_listener.pop(channel).unsubscribe(channel)
 
+    async def _confirmation(self, channel: str) -> None:
+        """Wait for the subscription's confirmation; a connection that gives none in time is
+        replaced (its read loop reconnects and subscribes again), and waited for once more."""
+        confirmed = self._confirmed[channel]
+        try:
+            await asyncio.wait_for(confirmed.wait(), _SUBSCRIBE_TIMEOUT_S)
+        except TimeoutError:
+            self._channel_listener[channel].unconfirmed.set()
+            await asyncio.wait_for(confirmed.wait(), _SUBSCRIBE_TIMEOUT_S)
+
     def resync(self) -> None:
         """A pub/sub connection dropped: every reader re-reads its log from its last seq."""
         for readers in self._readers.values():
@@ -233,6 +272,8 @@ class StreamHub:
                 queue.put_nowait(_RESYNC)
 
     def dispatch(self, message: dict[str, Any]) -> None:
+        if message["type"] == "pong":
+            return
         channel = _text(message["channel"])
         if message["type"] in ("subscribe", "ssubscribe"):
             confirmed = self._confirmed.get(channel)

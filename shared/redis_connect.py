@@ -1,6 +1,6 @@
 """The one way a tokenrelay process connects to Redis, for every client it has: the API's
-pool (requests, scripts, pub/sub, webhook dispatcher, metrics), RQ's connection, the
-worker's clients.
+pools (requests, scripts, pub/sub, webhook dispatcher, metrics), RQ's connection, the
+worker's clients. A process makes them all through one `RedisConnector`.
 
 `TOKENRELAY_REDIS_URL` names the server, its database and password. With
 `TOKENRELAY_REDIS_SENTINELS` set, the server is whichever one the sentinels call the
@@ -15,11 +15,21 @@ channels, texts: `shared.keys`), with `TOKENRELAY_STREAM_REDIS_CLUSTER` a Redis 
 reached through any of its nodes; `stream_sync_client` and `stream_async_client` connect to
 it, and return None when the control Redis holds the token plane too.
 
+A promoted replica and the old primary both take writes until the sentinels turn the old one
+into a replica (seconds). redis-py's pools learn of the promotion one at a time, when each
+makes a new connection: a worker whose RQ client had moved dequeued a job from the new
+primary while its scripts client still started it on the old one, where the start was lost,
+and the job expired in the new primary's records. The pools of one connector follow the
+primary together: the first to learn of a new one moves them all (idle connections close at
+once, busy ones when they are released), so one process never writes to two primaries.
+
 `is_primary` reads `ROLE`: a replica answers PING and reads too, so readiness asks this.
 """
 
 from __future__ import annotations
 
+import threading
+import weakref
 from typing import Any
 from urllib.parse import unquote, urlsplit
 
@@ -33,6 +43,7 @@ import redis.sentinel
 from tokenrelay.shared.settings import Settings
 
 SENTINEL_TIMEOUT_S = 2.0
+Address = tuple[str, int]
 
 SyncStreamClient = redis.Redis | redis.cluster.RedisCluster
 AsyncStreamClient = redis.asyncio.Redis | redis.asyncio.cluster.RedisCluster
@@ -58,54 +69,148 @@ def _sentinel_kwargs(settings: Settings) -> dict[str, Any]:
     }
 
 
-def sync_client(
-    settings: Settings, *, max_connections: int | None = None, **options: Any
-) -> redis.Redis:
-    """A client of the primary; `options` go to each connection (`decode_responses`, ...).
-    With `max_connections`, its pool holds at most that many: without Sentinel a blocking
-    pool (a thread waits up to `pool_wait_s` for a connection), with it redis-py's Sentinel
-    pool."""
-    pool_wait_s = options.pop("pool_wait_s", None)
-    if not settings.redis_sentinels:
-        if max_connections is None:
-            return redis.Redis.from_url(settings.redis_url, **options)
-        pool = redis.BlockingConnectionPool.from_url(
-            settings.redis_url, max_connections=max_connections, timeout=pool_wait_s, **options
-        )
-        return redis.Redis.from_pool(pool)
-    if max_connections is not None:
-        options["max_connections"] = max_connections
-    sentinel = redis.sentinel.Sentinel(
-        settings.redis_sentinels, sentinel_kwargs=_sentinel_kwargs(settings)
-    )
-    return sentinel.master_for(
-        settings.redis_sentinel_master, redis_class=redis.Redis, **_url_auth(settings), **options
-    )
+class _SyncSentinel(redis.sentinel.Sentinel):
+    """Sentinels whose primary pools move together when one of them finds a new primary."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._pools: weakref.WeakSet[redis.sentinel.SentinelConnectionPool] = weakref.WeakSet()
+        self._primary: Address | None = None
+        self._lock = threading.Lock()
+
+    def follow(self, client: redis.Redis) -> None:
+        """Move `client`'s pool with the others (`master_for` made it)."""
+        assert isinstance(client.connection_pool, redis.sentinel.SentinelConnectionPool)
+        self._pools.add(client.connection_pool)
+
+    def discover_master(self, service_name: str) -> Address:
+        address: Address = super().discover_master(service_name)
+        with self._lock:
+            moved, self._primary = address != self._primary, address
+        if moved:
+            for pool in list(self._pools):
+                pool.get_master_address()  # closes its idle connections to the old primary
+        return address
+
+    def primary_moved(self, service_name: str) -> bool:
+        """Ask the sentinels now; True if they name another primary than they last did."""
+        before = self._primary
+        return before is not None and self.discover_master(service_name) != before
 
 
-def async_client(
-    settings: Settings, *, max_connections: int, **options: Any
-) -> redis.asyncio.Redis:
-    """An asyncio client of the primary on a pool of at most `max_connections`; without
-    Sentinel a blocking pool (a burst waits up to `pool_wait_s` for a connection instead of
-    failing), with it redis-py's Sentinel pool."""
-    if not settings.redis_sentinels:
+class _AsyncSentinelPool(redis.asyncio.sentinel.SentinelConnectionPool):
+    """redis-py's asyncio Sentinel pool, which also closes a released connection to a server
+    that is no longer the primary (its sync pool does; this one would reuse it)."""
+
+    async def release(self, connection: Any) -> None:
+        if self.is_master and self.master_address != (connection.host, connection.port):
+            await connection.disconnect()
+        await super().release(connection)
+
+
+class _AsyncSentinel(redis.asyncio.sentinel.Sentinel):
+    """The asyncio counterpart of `_SyncSentinel`."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._pools: weakref.WeakSet[_AsyncSentinelPool] = weakref.WeakSet()
+        self._primary: Address | None = None
+
+    def follow(self, client: redis.asyncio.Redis) -> None:
+        """Move `client`'s pool with the others (`master_for` made it)."""
+        assert isinstance(client.connection_pool, _AsyncSentinelPool)
+        self._pools.add(client.connection_pool)
+
+    async def discover_master(self, service_name: str) -> Address:
+        address: Address = await super().discover_master(service_name)
+        moved, self._primary = address != self._primary, address
+        if moved:
+            for pool in list(self._pools):
+                await pool.get_master_address()
+        return address
+
+
+class RedisConnector:
+    """Makes the Redis clients of one process (see the module docstring)."""
+
+    def __init__(self, settings: Settings) -> None:
+        self._settings = settings
+        self._sync_sentinel: _SyncSentinel | None = None
+        self._async_sentinel: _AsyncSentinel | None = None
+        if settings.redis_sentinels:
+            self._sync_sentinel = _SyncSentinel(
+                settings.redis_sentinels, sentinel_kwargs=_sentinel_kwargs(settings)
+            )
+            self._async_sentinel = _AsyncSentinel(
+                settings.redis_sentinels, sentinel_kwargs=_sentinel_kwargs(settings)
+            )
+
+    def sync_client(self, *, max_connections: int | None = None, **options: Any) -> redis.Redis:
+        """A client of the primary; `options` go to each connection (`decode_responses`, ...).
+        With `max_connections`, its pool holds at most that many: without Sentinel a blocking
+        pool (a thread waits up to `pool_wait_s` for a connection), with it redis-py's
+        Sentinel pool."""
+        settings = self._settings
         pool_wait_s = options.pop("pool_wait_s", None)
-        pool = redis.asyncio.BlockingConnectionPool.from_url(
-            settings.redis_url, max_connections=max_connections, timeout=pool_wait_s, **options
+        if self._sync_sentinel is None:
+            if max_connections is None:
+                return redis.Redis.from_url(settings.redis_url, **options)
+            pool = redis.BlockingConnectionPool.from_url(
+                settings.redis_url, max_connections=max_connections, timeout=pool_wait_s, **options
+            )
+            return redis.Redis.from_pool(pool)
+        if max_connections is not None:
+            options["max_connections"] = max_connections
+        client: redis.Redis = self._sync_sentinel.master_for(
+            settings.redis_sentinel_master,
+            redis_class=redis.Redis,
+            **_url_auth(settings),
+            **options,
         )
-        return redis.asyncio.Redis.from_pool(pool)
-    options.pop("pool_wait_s", None)
-    sentinel = redis.asyncio.sentinel.Sentinel(
-        settings.redis_sentinels, sentinel_kwargs=_sentinel_kwargs(settings)
-    )
-    return sentinel.master_for(
-        settings.redis_sentinel_master,
-        redis_class=redis.asyncio.Redis,
-        max_connections=max_connections,
-        **_url_auth(settings),
-        **options,
-    )
+        self._sync_sentinel.follow(client)
+        return client
+
+    def async_client(self, *, max_connections: int, **options: Any) -> redis.asyncio.Redis:
+        """An asyncio client of the primary on a pool of at most `max_connections`; without
+        Sentinel a blocking pool (a burst waits up to `pool_wait_s` for a connection instead
+        of failing), with it a Sentinel pool."""
+        settings = self._settings
+        pool_wait_s = options.pop("pool_wait_s", None)
+        if self._async_sentinel is None:
+            pool = redis.asyncio.BlockingConnectionPool.from_url(
+                settings.redis_url, max_connections=max_connections, timeout=pool_wait_s, **options
+            )
+            return redis.asyncio.Redis.from_pool(pool)
+        client: redis.asyncio.Redis = self._async_sentinel.master_for(
+            settings.redis_sentinel_master,
+            redis_class=redis.asyncio.Redis,
+            connection_pool_class=_AsyncSentinelPool,
+            max_connections=max_connections,
+            **_url_auth(settings),
+            **options,
+        )
+        self._async_sentinel.follow(client)
+        return client
+
+    def primary_moved(self) -> bool:
+        """Whether the sentinels now name another primary than this process's sync clients
+        reach (which then move to it); always False without Sentinel."""
+        if self._sync_sentinel is None:
+            return False
+        return self._sync_sentinel.primary_moved(self._settings.redis_sentinel_master)
+
+    def close(self) -> None:
+        """Close the connections to the sentinels (each client closes its own)."""
+        if self._sync_sentinel is not None:
+            for sentinel in self._sync_sentinel.sentinels:
+                sentinel.close()
+
+    async def aclose(self) -> None:
+        """`close`, the asyncio clients' sentinel connections included."""
+        self.close()
+        if self._async_sentinel is not None:
+            for sentinel in self._async_sentinel.sentinels:
+                await sentinel.aclose()
 
 
 def stream_sync_client(settings: Settings, **options: Any) -> SyncStreamClient | None:

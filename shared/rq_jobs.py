@@ -19,6 +19,7 @@ from rq.serializers import JSONSerializer
 
 from tokenrelay.shared import keys
 from tokenrelay.shared.generation import GenerationRequest
+from tokenrelay.shared.scripts import decode_text
 from tokenrelay.shared.settings import Settings
 
 GENERATE_FUNCTION = "tokenrelay.generate"
@@ -92,6 +93,23 @@ def remove_queued(connection: redis.Redis, job_id: str) -> None:
     except NoSuchJobError:
         return
     _origin_queue(connection, job).remove(job_id)
+
+
+def give_back(client: redis.Redis, job_id: str) -> bool:
+    """Put a job at the front of its queue unless the queue lists it; True if it did.
+
+    For a job that its worker ran and then found still queued in tokenrelay's record: a
+    failover's new primary received the worker's dequeue but not the job's start (the
+    promotion fell between them), and would let the job expire in no queue. A job listed
+    twice is harmless: START refuses a job another worker runs, and a worker one it runs."""
+    origin = decode_text(client.hget(Job.key_for(job_id), "origin"))
+    if origin is None:
+        return False
+    queue_key = Queue.redis_queue_namespace_prefix + origin
+    if client.lpos(queue_key, job_id) is not None:
+        return False
+    client.lpush(queue_key, job_id)
+    return True
 
 
 def fail_lost_jobs(connection: redis.Redis, job_ids: list[str], result_ttl_s: int) -> None:

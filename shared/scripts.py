@@ -317,6 +317,9 @@ def parse_emit(reply: list[Any]) -> EmitReply:
 FINISH_BEHIND = -1
 """FINISH's (and CLOSE's) reply when the job's log lacks events below the seq its worker
 passed."""
+FINISH_QUEUED = -2
+"""FINISH's reply to a worker when the job is still queued: the worker started it on a
+primary whose writes a failover discarded (see `rq_jobs.give_back`)."""
 
 
 def finish(
@@ -347,7 +350,15 @@ def reap(settings: Settings) -> ScriptCall:
 def renew(settings: Settings, job_ids: list[str]) -> ScriptCall:
     script_keys = [keys.leases(), *(keys.job(job_id) for job_id in job_ids)]
     return ScriptCall(
-        RENEW, script_keys, [settings.lease_ttl_ms, JobField.CANCEL_REQUESTED, *job_ids]
+        RENEW,
+        script_keys,
+        [
+            settings.lease_ttl_ms,
+            JobField.STATUS,
+            JobStatus.RUNNING,
+            JobField.CANCEL_REQUESTED,
+            *job_ids,
+        ],
     )
 
 

@@ -47,6 +47,7 @@ class Settings(BaseSettings):
     stream_redis_cluster: bool = False
     redis_pool_size: int = Field(default=32, ge=2)
     worker_redis_pool_size: int = Field(default=8, ge=3)
+    api_redis_timeout_s: float = Field(default=5.0, ge=2.0)
     model: str = DEFAULT_MODEL
     served_model_name: str = ""
     max_inflight: int = Field(default=64, ge=1)

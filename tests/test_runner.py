@@ -14,12 +14,14 @@ import redis
 from tokenrelay.cli.embedded_redis import EmbeddedRedis
 from tokenrelay.shared import keys, scripts
 from tokenrelay.shared.generation import ChatMessage, FunctionTool, GenerationRequest
+from tokenrelay.shared.rq_jobs import enqueue_generation, generation_queue
 from tokenrelay.shared.script_runner import SyncScripts
 from tokenrelay.shared.scripts import ScriptCall
 from tokenrelay.shared.settings import Settings
 from tokenrelay.worker.active_jobs import ActiveJobs, StopReason
 from tokenrelay.worker.batcher import Batcher, BatchJob
 from tokenrelay.worker.engine import SamplingParams, TokenOutput
+from tokenrelay.worker.failover_guard import FailoverGuard
 from tokenrelay.worker.runner import JobRunner
 
 
@@ -129,7 +131,7 @@ class CountingBatcher(Batcher):
 
 @pytest.fixture
 def runner_for(
-    settings: Settings, parts: tuple[CountingScripts, ActiveJobs]
+    settings: Settings, sync_redis: redis.Redis, parts: tuple[CountingScripts, ActiveJobs]
 ) -> Iterator[Callable[[ScriptedEngine], JobRunner]]:
     run, active = parts
     batchers: list[Batcher] = []
@@ -138,11 +140,16 @@ def runner_for(
         batcher = CountingBatcher(engine, run, settings, active)
         batcher.start()
         batchers.append(batcher)
-        return JobRunner(engine, batcher, run, settings, "w", active)
+        return JobRunner(engine, batcher, run, settings, "w", active, guard(settings, sync_redis))
 
     yield make
     for batcher in batchers:
         batcher.stop()
+
+
+def guard(settings: Settings, client: redis.Redis) -> FailoverGuard:
+    """No Sentinel: the primary never moves."""
+    return FailoverGuard(settings, client, lambda: False)
 
 
 def admit(run: SyncScripts, settings: Settings, job_id: str) -> None:
@@ -292,7 +299,9 @@ def test_flush_interval_coalesces_tokens_into_fewer_events(
     batcher = Batcher(engine, run, settings, active)
     batcher.start()
     try:
-        JobRunner(engine, batcher, run, settings, "w", active).generate("j", request())
+        JobRunner(
+            engine, batcher, run, settings, "w", active, guard(settings, sync_redis)
+        ).generate("j", request())
     finally:
         batcher.stop()
     chunks = [e for e in events(sync_redis, "j") if e["type"] == "token"]
@@ -311,7 +320,9 @@ def test_flush_interval_never_drops_the_tokens_it_held_when_a_job_is_cancelled(
     batcher = Batcher(engine, run, settings, active)
     batcher.start()
     try:
-        outcome = JobRunner(engine, batcher, run, settings, "w", active).generate("j", request())
+        outcome = JobRunner(
+            engine, batcher, run, settings, "w", active, guard(settings, sync_redis)
+        ).generate("j", request())
     finally:
         batcher.stop()
     assert outcome == {"status": "cancelled"}
@@ -353,7 +364,9 @@ def test_events_and_finish_survive_redis_errors_each_applied_once(
     batcher = Batcher(engine, run, settings, active)
     batcher.start()
     try:
-        status = JobRunner(engine, batcher, run, settings, "w", active).generate("j", request())
+        status = JobRunner(
+            engine, batcher, run, settings, "w", active, guard(settings, sync_redis)
+        ).generate("j", request())
     finally:
         batcher.stop()
     assert status == {"status": "succeeded"}
@@ -386,7 +399,9 @@ def test_events_redis_lost_after_acknowledging_them_are_sent_again(
     batcher = Batcher(engine, run, settings, active)
     batcher.start()
     try:
-        JobRunner(engine, batcher, run, settings, "w", active).generate("j", request())
+        JobRunner(
+            engine, batcher, run, settings, "w", active, guard(settings, sync_redis)
+        ).generate("j", request())
     finally:
         batcher.stop()
     log = events(sync_redis, "j")
@@ -394,6 +409,41 @@ def test_events_redis_lost_after_acknowledging_them_are_sent_again(
     assert "".join(e["text"] for e in log if e["type"] == "token") == text
     assert sync_redis.get(keys.job_text("j")) == text
     assert sync_redis.hget(keys.job("j"), "status") == "succeeded"
+
+
+def test_a_job_whose_start_a_failover_discarded_goes_back_to_its_queue(
+    settings: Settings,
+    sync_redis: redis.Redis,
+    parts: tuple[CountingScripts, ActiveJobs],
+    runner_for: Any,
+) -> None:
+    """The new primary received the worker's dequeue but not the job's start (the promotion
+    fell between them): the worker runs the job on the old primary, then finds it queued on
+    the new one and in no queue. It gives it back, so it runs again instead of expiring."""
+    run, _ = parts
+    admit(run, settings, "j")
+    deadline = sync_redis.zscore(keys.leases(), "j")
+    with redis.Redis.from_url(settings.redis_url) as rq_connection:
+        generation = GenerationRequest.model_validate(request())
+        enqueue_generation(rq_connection, settings, "j", generation)
+        queue_key = generation_queue(rq_connection, "m", "normal").key
+    assert sync_redis.lpop(queue_key) == "j"  # the worker's dequeue, replicated
+
+    def lose_the_start(step: int) -> None:
+        """The new primary's copy: the job as its admission left it, no log."""
+        if step == 2:
+            sync_redis.hset(keys.job("j"), "status", "queued")
+            sync_redis.delete(keys.job_events("j"))
+            sync_redis.zadd(keys.leases(), {"j": deadline})
+
+    runner = runner_for(ScriptedEngine({"j": "a long reply"}, on_step=lose_the_start))
+    assert runner.generate("j", request()) == {"status": "queued"}
+    assert sync_redis.hget(keys.job("j"), "status") == "queued"
+    assert sync_redis.zscore(keys.leases(), "j") == deadline
+    assert sync_redis.lrange(queue_key, 0, -1) == ["j"]
+    again = runner_for(ScriptedEngine({"j": "again"}))
+    assert again.generate("j", request()) == {"status": "succeeded"}
+    assert sync_redis.get(keys.job_text("j")) == "again"
 
 
 class LongChatEngine(ScriptedEngine):
@@ -421,7 +471,7 @@ def test_truncation_drops_the_oldest_turns_only_when_the_setting_is_on(
         admit(run, settings, "j")
         turns = [ChatMessage(role="user" if i % 2 else "assistant", content="t") for i in range(6)]
         body = GenerationRequest(model="m", messages=tuple(turns), max_tokens=10)
-        runner = JobRunner(engine, batcher, run, settings, "w", active)
+        runner = JobRunner(engine, batcher, run, settings, "w", active, guard(settings, sync_redis))
         if not truncate:
             with pytest.raises(Exception, match="maximum context length is 64"):
                 runner.generate("j", body.model_dump(mode="json"))
@@ -446,7 +496,9 @@ def test_a_token_plane_of_its_own_gets_the_log_and_text_and_the_control_redis_th
         batcher.start()
         try:
             admit(control, split, "j")
-            runner = JobRunner(engine, batcher, control, split, "w", active, on_plane)
+            runner = JobRunner(
+                engine, batcher, control, split, "w", active, guard(split, sync_redis), on_plane
+            )
             assert runner.generate("j", request()) == {"status": "succeeded"}
         finally:
             batcher.stop()

@@ -11,7 +11,7 @@ import redis
 from tokenrelay.cli.embedded_redis import EmbeddedRedis
 from tokenrelay.shared import keys, scripts
 from tokenrelay.shared.errors import Overloaded
-from tokenrelay.shared.events import Done, Started, TokenChunk, Usage, parse_event
+from tokenrelay.shared.events import Done, Error, Started, TokenChunk, Usage, parse_event
 from tokenrelay.shared.script_runner import SyncScripts
 from tokenrelay.shared.settings import Settings
 
@@ -191,13 +191,28 @@ def test_renew_extends_live_leases_and_reports_lost_ones(
 ) -> None:
     admit(run, settings, "live")
     admit(run, settings, "dead")
-    sync_redis.zadd(keys.leases(), {"dead": 0})
-    before = sync_redis.zscore(keys.leases(), "live")
+    run.run(scripts.start(settings, "live", "w1", started()))
+    run.run(scripts.start(settings, "dead", "w1", started()))
+    far = 10**15  # ms, far past Redis's clock
+    sync_redis.zadd(keys.leases(), {"live": far, "dead": 0})
     reply = scripts.parse_renew(run.run(scripts.renew(settings, ["live", "dead"])))
     assert reply == scripts.RenewReply(lost=["dead"], cancelled=[])
     after = sync_redis.zscore(keys.leases(), "live")
-    assert before is not None and after is not None
-    assert after != before
+    assert after is not None and after < far
+
+
+def test_renew_leaves_a_queued_job_its_queue_wait(
+    run: SyncScripts, settings: Settings, sync_redis: redis.Redis
+) -> None:
+    """After a failover a worker may renew a job it started on the old primary that the new
+    one still holds queued: a lease cut to the lease TTL would expire it before another
+    worker took it from the queue."""
+    admit(run, settings, "queued")
+    deadline = sync_redis.zscore(keys.leases(), "queued")
+    reply = scripts.parse_renew(run.run(scripts.renew(settings, ["queued"])))
+    assert reply == scripts.RenewReply(lost=[], cancelled=[])
+    assert sync_redis.zscore(keys.leases(), "queued") == deadline
+    assert run.run(scripts.start(settings, "queued", "w2", started())) == "running"
 
 
 def test_admission_reports_the_running_jobs_it_reaped(
@@ -257,12 +272,27 @@ def check_resends_and_gaps(run: SyncScripts, settings: Settings, sync_redis: red
     assert len(log(sync_redis, "g")) == 6
 
 
+def test_a_worker_s_finish_leaves_a_job_it_never_started_here_queued(
+    run: SyncScripts, settings: Settings, sync_redis: redis.Redis
+) -> None:
+    """After a failover, a worker that ran a job on the old primary (whose writes were
+    discarded) sends its end to the new one, where the job is still queued: it stays queued
+    (its worker gives it back), neither failed nor succeeded by a run that left no trace."""
+    admit(run, settings, "q")
+    failed = Error(error_type="worker_lost", message="lost").to_wire()
+    finish = scripts.finish(settings, "q", "failed", {}, failed, final_seq=3)
+    assert run.run(finish) == scripts.FINISH_QUEUED
+    assert sync_redis.hget(keys.job("q"), "status") == "queued"
+    assert sync_redis.zscore(keys.leases(), "q") is not None
+    assert run.run(scripts.start(settings, "q", "w2", started("w2"))) == "running"
+
+
 def test_start_resent_by_the_same_worker_finds_it_running_and_emits_once(
     run: SyncScripts, settings: Settings, sync_redis: redis.Redis
 ) -> None:
     admit(run, settings, "r")
     assert run.run(scripts.start(settings, "r", "w1", started())) == "running"
     assert run.run(scripts.start(settings, "r", "w1", started())) == "running"
-    assert run.run(scripts.start(settings, "r", "w2", started("w2"))) == "running"
+    assert run.run(scripts.start(settings, "r", "w2", started("w2"))) is None  # not w2's
     assert [e["type"] for e in log(sync_redis, "r")] == ["started"]
     assert sync_redis.hget(keys.job("r"), "worker") == "w1"

@@ -23,9 +23,13 @@ class ActiveJobs:
         self._stops: dict[str, StopReason] = {}
         self._lease_until: dict[str, float] = {}
 
-    def add(self, job_id: str) -> None:
+    def add(self, job_id: str) -> bool:
+        """Register a job; False if this process runs it already (it was dequeued twice)."""
         with self._lock:
+            if job_id in self._running:
+                return False
             self._running.add(job_id)
+            return True
 
     def remove(self, job_id: str) -> None:
         with self._lock:

@@ -19,6 +19,7 @@ from tokenrelay.shared.settings import DEMO_MODEL_NAME, Settings
 from tokenrelay.worker.active_jobs import ActiveJobs, StopReason
 from tokenrelay.worker.batcher import Batcher
 from tokenrelay.worker.engine import Engine, ModelLoadError
+from tokenrelay.worker.failover_guard import FailoverGuard
 from tokenrelay.worker.lease_keeper import LeaseKeeper
 from tokenrelay.worker.rq_worker import DEQUEUE_WAIT_S, ConcurrentWorker, build_worker
 from tokenrelay.worker.runner import JobRunner
@@ -77,8 +78,9 @@ def _deregister(worker: ConcurrentWorker) -> bool:
 def run_worker(settings: Settings, *, demo: bool = False) -> int:
     """Run until stopped (SIGTERM/SIGINT: finish the current job, then exit 0)."""
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
+    connector = redis_connect.RedisConnector(settings)
     try:
-        with redis_connect.sync_client(settings) as client:
+        with connector.sync_client() as client:
             redis_version.check_sync(client, settings)
     except redis_version.RedisTooOld as exc:
         print(f"tokenrelay worker: {exc}", file=sys.stderr)
@@ -106,12 +108,12 @@ def run_worker(settings: Settings, *, demo: bool = False) -> int:
     name = f"tokenrelay-{uuid.uuid4().hex[:12]}"
     # Bounded pools: the job threads (up to `worker_concurrency`) share them, so a worker's
     # connections stay within twice `TOKENRELAY_WORKER_REDIS_POOL_SIZE` whatever it runs.
+    # One connector: RQ's dequeue and the scripts that start the job reach the same primary.
     pool_size = settings.worker_redis_pool_size
-    connection = redis_connect.sync_client(
-        settings, max_connections=pool_size, pool_wait_s=_POOL_WAIT_S, **_SOCKET_TIMEOUTS
+    connection = connector.sync_client(
+        max_connections=pool_size, pool_wait_s=_POOL_WAIT_S, **_SOCKET_TIMEOUTS
     )
-    scripts_client = redis_connect.sync_client(
-        settings,
+    scripts_client = connector.sync_client(
         max_connections=pool_size,
         pool_wait_s=_POOL_WAIT_S,
         decode_responses=True,
@@ -128,7 +130,8 @@ def run_worker(settings: Settings, *, demo: bool = False) -> int:
     redis_scripts = SyncScripts(scripts_client)
     plane_scripts = redis_scripts if plane_client is None else SyncScripts(plane_client)
     batcher = Batcher(engine, plane_scripts, settings, active)
-    runner = JobRunner(engine, batcher, redis_scripts, settings, name, active, plane_scripts)
+    guard = FailoverGuard(settings, scripts_client, connector.primary_moved)
+    runner = JobRunner(engine, batcher, redis_scripts, settings, name, active, guard, plane_scripts)
     limits = LimitsPublisher(
         settings.model_id,
         engine.max_context_tokens,
@@ -187,4 +190,5 @@ def run_worker(settings: Settings, *, demo: bool = False) -> int:
         keeper.stop()
         scripts_client.close()
         connection.close()
+        connector.close()
     return 0

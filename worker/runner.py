@@ -7,6 +7,10 @@ events its log still lacks, for as long as the job's lease holds, so a job whose
 completed is finished, never reaped, while its worker lives. Where the token plane is a Redis
 of its own, START is followed by OPEN there (the log's Started event) and FINISH preceded by
 CLOSE (final event, text); each of these is a no-op when resent.
+
+Across a Sentinel failover (`FailoverGuard`): a start that would not survive it is made
+again on the new primary, and a job that ran here while the primary still holds it queued
+goes back to its queue; a job dequeued twice runs once.
 """
 
 from __future__ import annotations
@@ -36,11 +40,16 @@ from tokenrelay.worker.active_jobs import ActiveJobs, StopReason
 from tokenrelay.worker.batcher import Batcher, BatchJob
 from tokenrelay.worker.delivery import Backoff, Courier, JobLog
 from tokenrelay.worker.engine import Engine, SamplingParams
+from tokenrelay.worker.failover_guard import FailoverGuard
 from tokenrelay.worker.stop_strings import StopStringMatcher
 
 log = logging.getLogger(__name__)
 
 _WAIT_SLICE_S = 0.25
+
+
+class _GivenBack(Exception):
+    """The job ran here but is still queued on the primary, and went back to its queue."""
 
 
 class JobRunner:
@@ -54,6 +63,7 @@ class JobRunner:
         settings: Settings,
         worker_name: str,
         active: ActiveJobs,
+        guard: FailoverGuard,
         plane_scripts: SyncScripts | None = None,
     ) -> None:
         """`plane_scripts` run on the token plane's own Redis (None: `redis_scripts`' is it)."""
@@ -61,6 +71,7 @@ class JobRunner:
         self._batcher = batcher
         self._scripts = redis_scripts
         self._plane_scripts = plane_scripts or redis_scripts
+        self._guard = guard
         self._settings = settings
         self._worker_name = worker_name
         self._active = active
@@ -81,13 +92,17 @@ class JobRunner:
         else:
             prompt_ids = self._engine.encode_chat(parsed.messages, parsed.tools)
         started = Started(worker=self._worker_name, prompt_tokens=len(prompt_ids))
-        self._active.add(job_id)
+        if not self._active.add(job_id):
+            log.warning("job %s dequeued again while it runs here; not started twice", job_id)
+            return {"status": JobStatus.RUNNING}
         try:
             status = self._start(job_id, started.to_wire())
             if status != JobStatus.RUNNING:
                 log.info("job %s not started: %s", job_id, status)
                 return {"status": str(status)}
             return {"status": self._run_started(job_id, parsed, prompt_ids)}
+        except _GivenBack:
+            return {"status": JobStatus.QUEUED}
         finally:
             self._active.remove(job_id)
 
@@ -113,7 +128,22 @@ class JobRunner:
                 continue
             if status == JobStatus.RUNNING:
                 self._active.lease_renewed([job_id], sent_at, self._settings.lease_ttl_s)
+                if not self._start_holds(job_id) and time.monotonic() < give_up_at:
+                    backoff.failed()
+                    time.sleep(backoff.wait_s())
+                    continue  # on the new primary, which the process's clients now reach
             return status
+
+    def _start_holds(self, job_id: str) -> bool:
+        """`FailoverGuard.start_holds`, through Redis errors (the next START retries them)."""
+        try:
+            holds = self._guard.start_holds()
+        except RedisError as exc:
+            log.warning("could not confirm the start of job %s, will retry: %s", job_id, exc)
+            return False
+        if not holds:
+            log.warning("job %s started on a primary that failed over; starting it again", job_id)
+        return holds
 
     def _run_started(self, job_id: str, request: GenerationRequest, prompt_ids: list[int]) -> str:
         fresh_log = JobLog(job_id)
@@ -253,6 +283,8 @@ class JobRunner:
                 except RedisError as exc:
                     log.warning("FINISH of job %s failed, will retry: %s", job_id, exc)
                 else:
+                    if outcome == scripts.FINISH_QUEUED:
+                        self._give_back(job_id)
                     if outcome != scripts.FINISH_BEHIND:
                         return bool(outcome == 1)
                     if job_log is not None:
@@ -272,6 +304,29 @@ class JobRunner:
             if closed != 1:
                 return closed
         return self._scripts.run(finish)
+
+    def _give_back(self, job_id: str) -> None:
+        """Return a job that FINISH found still queued to its queue (retried through Redis
+        errors for up to a lease TTL), then end this run of it: another run starts afresh."""
+        give_up_at = time.monotonic() + self._settings.lease_ttl_s
+        backoff = Backoff()
+        while True:
+            try:
+                listed = self._guard.give_back(job_id)
+            except RedisError as exc:
+                if time.monotonic() >= give_up_at:
+                    raise
+                log.warning("could not give job %s back to its queue, will retry: %s", job_id, exc)
+                backoff.failed()
+                time.sleep(backoff.wait_s())
+                continue
+            log.warning(
+                "job %s ran here but the primary still holds it queued (a failover discarded "
+                "its start): %s",
+                job_id,
+                "given back to its queue" if listed else "its queue lists it",
+            )
+            raise _GivenBack(job_id)
 
 
 _STOPPED: dict[StopReason, tuple[JobStatus, Error]] = {

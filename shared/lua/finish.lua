@@ -9,9 +9,15 @@
 -- below that seq. On a token plane of its own the worker closes the job's log and stores its
 -- text there first (CLOSE, which checks the seq): it passes -1, no text and an empty final
 -- event (a resend then finds the job in that status: 1).
+-- A worker's FINISH with a seq (the token plane on this Redis) leaves a queued job queued
+-- and returns -2: its worker started it on an old primary, whose writes a failover
+-- discarded; it gives the job back.
 local id, status, expected = ARGV[27], ARGV[28], tonumber(ARGV[31])
 if expected >= 0 then
   local current, next = redis.call('HGET', key(T_HASH, id), F_STATUS), next_seq(id)
+  if current == S_QUEUED then
+    return -2
+  end
   if current == S_RUNNING and next < expected then
     return -1
   end

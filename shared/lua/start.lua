@@ -2,15 +2,16 @@
 -- ARGV[27] job id, ARGV[28] worker name, ARGV[29] lease TTL (ms), ARGV[30] Started event.
 -- Returns the running status when this worker now owns the job, else the status that stops
 -- it (expired when its queue wait ran out, or the terminal status it already has); false
--- when the job is unknown. Queues the job's `start` webhook delivery, if it has one.
+-- when the job is unknown or another worker runs it (a job given back to its queue after a
+-- failover may be dequeued twice). Queues the job's `start` webhook delivery, if it has one.
 -- A resend (the reply to the first call was lost) finds the job running here: running.
 -- Appends the Started event where the token plane is here; on a token plane of its own the
 -- worker appends it (OPEN) once this call said running.
 local id = ARGV[27]
 local h = key(T_HASH, id)
 local current, worker = unpack(redis.call('HMGET', h, F_STATUS, F_WORKER))
-if current == S_RUNNING and worker == ARGV[28] then
-  return S_RUNNING
+if current == S_RUNNING then
+  return worker == ARGV[28] and S_RUNNING
 end
 if current ~= S_QUEUED then
   return current

@@ -1,0 +1,136 @@
+"""The clients of one process move to a promoted replica together.
+
+After `SENTINEL FAILOVER` the old primary takes writes for seconds more, until the sentinels
+turn it into a replica. redis-py's pools learn of the promotion only when each makes a new
+connection, so a client whose idle connection still reached the old primary wrote there while
+another client of the same process wrote to the new one: a worker dequeued a job from the new
+primary and started it on the old one, where the start was lost, and the job expired. Real
+servers: a primary, a replica and three sentinels.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+import redis
+import redis.asyncio
+import redis.sentinel
+
+from tokenrelay.cli.embedded_sentinel import SERVICE, EmbeddedSentinel
+from tokenrelay.cli.harness import eventually
+from tokenrelay.shared.redis_connect import RedisConnector
+from tokenrelay.shared.settings import Settings
+from tokenrelay.worker.failover_guard import FailoverGuard
+
+
+@pytest.fixture
+def group() -> Iterator[EmbeddedSentinel]:
+    with EmbeddedSentinel() as sentinel_group:
+        yield sentinel_group
+
+
+def _settings(group: EmbeddedSentinel) -> Settings:
+    return Settings(
+        redis_url=group.url, redis_sentinels=group.sentinels, redis_sentinel_master=SERVICE
+    )
+
+
+def _port(client: redis.Redis) -> int:
+    """The port of the server this command reached."""
+    return int(client.config_get("port")["port"])
+
+
+async def _async_port(client: redis.asyncio.Redis) -> int:
+    reply: Any = await client.config_get("port")
+    return int(reply["port"])
+
+
+def _failover(group: EmbeddedSentinel) -> int:
+    """Promote the replica; returns its port once the sentinels name it to clients
+    (`SENTINEL MASTERS`, what redis-py asks, follows `GET-MASTER-ADDR-BY-NAME` by ~50 ms)."""
+    new = group.failover()
+    sentinels = redis.sentinel.Sentinel(
+        [("127.0.0.1", port) for port in group.sentinel_ports],
+        sentinel_kwargs={"socket_timeout": 1},
+    )
+    eventually(lambda: sentinels.discover_master(SERVICE)[1] == new, 10, "the sentinels to name it")
+    return new
+
+
+def _still_primary(port: int) -> bool:
+    """Whether the old primary still takes writes (else the check above proved nothing: its
+    connections would have failed over by themselves)."""
+    with redis.Redis(host="127.0.0.1", port=port, socket_timeout=1) as client:
+        return bool(client.execute_command("ROLE")[0] == b"master")
+
+
+def test_a_process_s_clients_follow_the_new_primary_together(group: EmbeddedSentinel) -> None:
+    connector = RedisConnector(_settings(group))
+    dequeuing = connector.sync_client(max_connections=4)
+    starting = connector.sync_client(max_connections=4, decode_responses=True)
+    old = group.primary_port()
+    try:
+        assert _port(dequeuing) == _port(starting) == old  # one idle connection each
+        new = _failover(group)
+        held = dequeuing.connection_pool.get_connection()
+        try:  # the next command needs a new connection, which asks the sentinels
+            assert _port(dequeuing) == new
+        finally:
+            dequeuing.connection_pool.release(held)
+        assert _port(starting) == new, "a client of the process still writes to the old primary"
+        assert _still_primary(old)
+    finally:
+        dequeuing.close()
+        starting.close()
+        connector.close()
+
+
+async def test_a_process_s_asyncio_clients_follow_the_new_primary_together(
+    group: EmbeddedSentinel,
+) -> None:
+    connector = RedisConnector(_settings(group))
+    requests = connector.async_client(max_connections=4, decode_responses=True)
+    files = connector.async_client(max_connections=4)
+    old = group.primary_port()
+    try:
+        assert await _async_port(requests) == await _async_port(files) == old
+        new = _failover(group)
+        held = await requests.connection_pool.get_connection()
+        try:
+            assert await _async_port(requests) == new
+            assert await _async_port(files) == new, "a client still writes to the old primary"
+        finally:
+            await requests.connection_pool.release(held)
+        assert await _async_port(requests) == new, "a released connection to the old primary"
+        assert _still_primary(old)
+    finally:
+        await requests.aclose()
+        await files.aclose()
+        await connector.aclose()
+
+
+def test_a_start_on_the_old_primary_does_not_hold_and_the_next_reaches_the_new_one(
+    group: EmbeddedSentinel,
+) -> None:
+    """With `MIN_REPLICAS=1`, a start the old primary took after the promotion has no replica
+    to acknowledge it (the promoted one left): the guard asks the sentinels, the client moves,
+    and the start made again on the new primary holds, though no replica acknowledges it yet
+    (the old primary has not resynced)."""
+    settings = _settings(group).model_copy(update={"redis_min_replicas": 1})
+    connector = RedisConnector(settings)
+    client = connector.sync_client(max_connections=4, decode_responses=True)
+    guard = FailoverGuard(settings, client, connector.primary_moved)
+    old = group.primary_port()
+    try:
+        assert _port(client) == old and guard.start_holds()
+        new = _failover(group)
+        assert _port(client) == old  # its idle connection: nothing told it yet
+        assert not guard.start_holds()
+        assert _port(client) == new
+        assert guard.start_holds()
+        assert _still_primary(old)
+    finally:
+        client.close()
+        connector.close()
