@@ -12,6 +12,9 @@ arrivals and long prompts cannot stall the running sequences (each waits at most
 prefill per token), and a sequence waiting to join waits at most one decode step. Finished
 or removed rows are dropped at once (`index_select`), and padding columns no row needs any
 more are trimmed, so the cache never holds more than the longest row.
+
+A bfloat16 model on a CPU with bfloat16 instructions runs its linear layers on oneDNN's
+prepacked weights (`worker.packed_linear`) unless `pack_bf16` is off; float32 is untouched.
 """
 
 from __future__ import annotations
@@ -25,6 +28,7 @@ from tokenrelay.worker.engine import ModelLoadError, SamplingParams, TokenOutput
 from tokenrelay.worker.grammar import GrammarCompiler, GrammarState
 from tokenrelay.worker.logits_processor import LogitsProcessor
 from tokenrelay.worker.model_files import ModelFiles, ModelFilesMethods, check_reachable
+from tokenrelay.worker.packed_linear import can_pack, pack_linears
 from tokenrelay.worker.sampling import new_generator, raw_logprob, sample_token
 from tokenrelay.worker.token_bytes import TokenBytes
 
@@ -58,6 +62,7 @@ class TransformersEngine(ModelFilesMethods):
         device: str = "auto",
         dtype: str = "auto",
         max_prefill_tokens: int = 2048,
+        pack_bf16: bool = True,
     ) -> None:
         from transformers import AutoModelForCausalLM
 
@@ -75,6 +80,10 @@ class TransformersEngine(ModelFilesMethods):
         except (OSError, ValueError) as exc:
             raise ModelLoadError(f"could not load model {model_name!r}: {exc}") from exc
         self.model.to(device).eval()
+        self.vocab_size = int(self.model.get_output_embeddings().weight.shape[0])
+        self.packed_linears = 0
+        if pack_bf16 and can_pack(device, self.model.dtype):
+            self.packed_linears = pack_linears(self.model)
         # As `generate` does: models whose forward takes `logits_to_keep` compute the output
         # head at the last prompt position only.
         self._prefill_options = (
@@ -83,7 +92,6 @@ class TransformersEngine(ModelFilesMethods):
         self.max_context_tokens = self._files.max_context_tokens
         eos_ids = self._files.eos_ids
         self._eos_ids = frozenset(eos_ids)
-        self.vocab_size = int(self.model.get_output_embeddings().weight.shape[0])
         self._pad_id = int(self.tokenizer.pad_token_id or eos_ids[0])
         self._rows: list[_Row] = []
         self._joiners: list[_Joiner] = []
