@@ -65,7 +65,7 @@ def test_interactive_streams_are_admitted_and_fast_while_a_batch_runs(
     try:
         idle = [t for _ in range(ROUNDS) for t in interactive_round(cluster.base_url)]
         with openai.OpenAI(base_url=f"{cluster.base_url}/v1", api_key="x", max_retries=0) as client:
-            lines = [chat_line(f"b-{i}", max_tokens=64, min_tokens=64) for i in range(40)]
+            lines = [chat_line(f"b-{i}", max_tokens=64, min_tokens=64) for i in range(400)]
             batch = client.batches.create(
                 input_file_id=upload(client, lines),
                 endpoint="/v1/chat/completions",
