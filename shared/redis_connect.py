@@ -39,6 +39,7 @@ import redis.asyncio.cluster
 import redis.asyncio.sentinel
 import redis.cluster
 import redis.sentinel
+from redis.maint_notifications import MaintNotificationsConfig
 
 from tokenrelay.shared.settings import Settings
 
@@ -47,6 +48,15 @@ Address = tuple[str, int]
 
 SyncStreamClient = redis.Redis | redis.cluster.RedisCluster
 AsyncStreamClient = redis.asyncio.Redis | redis.asyncio.cluster.RedisCluster
+
+
+def _checked(options: dict[str, Any]) -> dict[str, Any]:
+    """`options` for a client whose pool checks each connection it hands out. redis-py 8
+    skips that check (a connection the server closed, or one holding unread data, is then
+    used as is) while maintenance notifications are on, and by default ("auto") they are on
+    in its sync pools and `from_url`: every connection left idle across a Redis restart
+    failed its first command. tokenrelay never uses them (a Redis Enterprise feature)."""
+    return {"maint_notifications_config": MaintNotificationsConfig(enabled=False), **options}
 
 
 def _url_auth(settings: Settings) -> dict[str, Any]:
@@ -154,9 +164,12 @@ class RedisConnector:
         pool_wait_s = options.pop("pool_wait_s", None)
         if self._sync_sentinel is None:
             if max_connections is None:
-                return redis.Redis.from_url(settings.redis_url, **options)
+                return redis.Redis.from_url(settings.redis_url, **_checked(options))
             pool = redis.BlockingConnectionPool.from_url(
-                settings.redis_url, max_connections=max_connections, timeout=pool_wait_s, **options
+                settings.redis_url,
+                max_connections=max_connections,
+                timeout=pool_wait_s,
+                **_checked(options),
             )
             return redis.Redis.from_pool(pool)
         if max_connections is not None:
@@ -165,7 +178,7 @@ class RedisConnector:
             settings.redis_sentinel_master,
             redis_class=redis.Redis,
             **_url_auth(settings),
-            **options,
+            **_checked(options),
         )
         self._sync_sentinel.follow(client)
         return client
@@ -178,7 +191,10 @@ class RedisConnector:
         pool_wait_s = options.pop("pool_wait_s", None)
         if self._async_sentinel is None:
             pool = redis.asyncio.BlockingConnectionPool.from_url(
-                settings.redis_url, max_connections=max_connections, timeout=pool_wait_s, **options
+                settings.redis_url,
+                max_connections=max_connections,
+                timeout=pool_wait_s,
+                **_checked(options),
             )
             return redis.asyncio.Redis.from_pool(pool)
         client: redis.asyncio.Redis = self._async_sentinel.master_for(
@@ -187,7 +203,7 @@ class RedisConnector:
             connection_pool_class=_AsyncSentinelPool,
             max_connections=max_connections,
             **_url_auth(settings),
-            **options,
+            **_checked(options),
         )
         self._async_sentinel.follow(client)
         return client
@@ -220,13 +236,16 @@ def stream_sync_client(settings: Settings, **options: Any) -> SyncStreamClient |
         return None
     if settings.stream_redis_cluster:
         options.pop("pool_wait_s", None)
-        return redis.cluster.RedisCluster.from_url(settings.stream_redis_url, **options)
+        return redis.cluster.RedisCluster.from_url(settings.stream_redis_url, **_checked(options))
     max_connections = options.pop("max_connections", None)
     pool_wait_s = options.pop("pool_wait_s", None)
     if max_connections is None:
-        return redis.Redis.from_url(settings.stream_redis_url, **options)
+        return redis.Redis.from_url(settings.stream_redis_url, **_checked(options))
     pool = redis.BlockingConnectionPool.from_url(
-        settings.stream_redis_url, max_connections=max_connections, timeout=pool_wait_s, **options
+        settings.stream_redis_url,
+        max_connections=max_connections,
+        timeout=pool_wait_s,
+        **_checked(options),
     )
     return redis.Redis.from_pool(pool)
 
@@ -241,10 +260,13 @@ def stream_async_client(
     pool_wait_s = options.pop("pool_wait_s", None)
     if settings.stream_redis_cluster:
         return redis.asyncio.cluster.RedisCluster.from_url(
-            settings.stream_redis_url, max_connections=max_connections, **options
+            settings.stream_redis_url, max_connections=max_connections, **_checked(options)
         )
     pool = redis.asyncio.BlockingConnectionPool.from_url(
-        settings.stream_redis_url, max_connections=max_connections, timeout=pool_wait_s, **options
+        settings.stream_redis_url,
+        max_connections=max_connections,
+        timeout=pool_wait_s,
+        **_checked(options),
     )
     return redis.asyncio.Redis.from_pool(pool)
 
