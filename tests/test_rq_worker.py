@@ -7,10 +7,11 @@ import sys
 import threading
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 import redis
-from rq import Queue, Worker
+from rq import Queue, SimpleWorker, Worker
 from rq.registry import FailedJobRegistry, FinishedJobRegistry, StartedJobRegistry
 from rq.serializers import JSONSerializer
 
@@ -129,4 +130,36 @@ def test_one_worker_executes_n_jobs_at_once_and_rq_tells_the_truth(redis_url: st
     assert sorted(finished) == [f"ok{i}" for i in range(5)]
     assert FailedJobRegistry(queue=queue).get_job_ids(cleanup=False) == ["boom"]
     assert StartedJobRegistry(queue=queue).count == 0
+    connection.close()
+
+
+def test_bookkeeping_that_meets_a_redis_outage_is_retried_until_it_lands(
+    redis_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """RQ's bookkeeping of an ended job that meets connection errors (Redis restarting) runs
+    again: the job lands in RQ's finished registry with its key's TTL, not left started."""
+    connection = redis.Redis.from_url(redis_url)
+    queue = generation_queue(connection, "m", "normal")
+    queue.enqueue_call(GENERATE_FUNCTION, kwargs={"job_id": "j"}, job_id="j")
+    refusals = {"handle_execution_ended": 2, "handle_job_success": 2}
+    for name in refusals:
+        original = getattr(SimpleWorker, name)
+
+        def refusing(
+            self: SimpleWorker, *args: object, _name: str = name, _call: Any = original, **kw: Any
+        ) -> object:
+            if refusals[_name]:
+                refusals[_name] -= 1
+                raise redis.ConnectionError("Connection refused")
+            return _call(self, *args, **kw)
+
+        monkeypatch.setattr(SimpleWorker, name, refusing)
+    worker = build_worker(
+        connection, "retrying", {GENERATE_FUNCTION: lambda job_id: {"status": "ok"}}, model="m"
+    )
+    worker.work(burst=True)
+    assert refusals == {"handle_execution_ended": 0, "handle_job_success": 0}
+    assert FinishedJobRegistry(queue=queue).get_job_ids(cleanup=False) == ["j"]
+    assert StartedJobRegistry(queue=queue).count == 0
+    assert connection.ttl("rq:job:j") > 0
     connection.close()

@@ -6,12 +6,15 @@ execution on its own thread (the job function hands the job to the batcher and w
 RQ's registries, `rq info` and the worker's state tell the truth while N jobs run. RQ
 internals relied on (pinned by `rq==3.0.0`, covered by tests/test_rq_worker.py):
 `dequeue_job_and_maintain_ttl`, `dequeue_timeout`, `prepare_execution`, `perform_job`, `set_state`,
-`request_stop`/`_stop_requested`, `teardown`, `executions`, `TimerDeathPenalty`.
+`request_stop`/`_stop_requested`, `teardown`, `executions`, `TimerDeathPenalty`,
+`handle_execution_ended`, `handle_job_success`, `handle_job_failure`.
 """
 
 from __future__ import annotations
 
+import logging
 import threading
+import time
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -24,6 +27,9 @@ from rq.timeouts import TimerDeathPenalty
 from rq.worker import SimpleWorker, WorkerStatus
 
 from tokenrelay.shared.rq_jobs import worker_queues
+from tokenrelay.worker.delivery import Backoff
+
+log = logging.getLogger(__name__)
 
 _SLOT_WAIT_S = 5.0
 DEQUEUE_WAIT_S = 5
@@ -32,6 +38,10 @@ RQ raises its connection's socket timeout to that plus 10 s: a primary that froz
 cut off (it never closes the connection) kept a worker blocked there for 7 minutes while
 the jobs queued on the new primary expired. With 5 s, the socket times out after 15 s and
 RQ's retry reconnects, through the sentinels, to whichever server is the primary now."""
+BOOKKEEPING_RETRY_S = 60.0
+"""How long RQ's bookkeeping of a job that ended is retried while Redis is unreachable. A
+job that ended as Redis went down kept its `rq:job:` key without a TTL, in RQ's started
+registry, when the bookkeeping met the outage once and gave up."""
 
 
 class UnknownJobFunction(Exception):
@@ -116,6 +126,21 @@ class ConcurrentWorker(SimpleWorker):
             if not self.executions:
                 self.set_state(WorkerStatus.IDLE)
 
+    def handle_execution_ended(self, job: Job, queue: Queue, heartbeat_ttl: int) -> None:
+        _until_redis_answers(
+            lambda: super(ConcurrentWorker, self).handle_execution_ended(job, queue, heartbeat_ttl)
+        )
+
+    def handle_job_success(self, *args: Any, **kwargs: Any) -> None:
+        _until_redis_answers(
+            lambda: super(ConcurrentWorker, self).handle_job_success(*args, **kwargs)
+        )
+
+    def handle_job_failure(self, *args: Any, **kwargs: Any) -> None:
+        _until_redis_answers(
+            lambda: super(ConcurrentWorker, self).handle_job_failure(*args, **kwargs)
+        )
+
     def set_state(self, state: str, pipeline: Any = None) -> None:
         if state == WorkerStatus.IDLE and self.executions:
             state = WorkerStatus.BUSY
@@ -131,6 +156,24 @@ class ConcurrentWorker(SimpleWorker):
         for thread in list(self._job_threads):
             thread.join()
         super().teardown()
+
+
+def _until_redis_answers(bookkeeping: Callable[[], None]) -> None:
+    """Run RQ's `bookkeeping` of an ended job, again (bounded backoff) after each connection
+    error or timeout, for `BOOKKEEPING_RETRY_S` at most. Each step is one transaction, or
+    idempotent: a rerun does not apply it twice."""
+    backoff = Backoff()
+    deadline = time.monotonic() + BOOKKEEPING_RETRY_S
+    while True:
+        try:
+            bookkeeping()
+            return
+        except (redis.ConnectionError, redis.TimeoutError) as exc:
+            if time.monotonic() > deadline:
+                raise
+            log.warning("RQ's bookkeeping of a job met a Redis error, retrying: %s", exc)
+            backoff.failed()
+            time.sleep(backoff.wait_s())
 
 
 def build_worker(
