@@ -6,8 +6,9 @@ terminal event. Each comes as a `Delivery`, parsed once per message however many
 it, beside its JSON as the log holds it, which a route may forward unchanged. It subscribes
 first, then replays the log, then forwards live events, dropping duplicates by `seq`, so a
 late or reconnecting reader misses nothing. When the pub/sub connection drops (Redis
-restart) or stays quiet for a ping interval, each reader re-reads the log from its last
-`seq`: published messages lost meanwhile are recovered.
+restart), the hub connects again and, once its subscriptions are back, each reader re-reads
+the log from its last `seq`: messages published meanwhile are recovered; so are they after
+a reader heard nothing for its idle time. A job that has ended is read from its log alone.
 
 A server that stops answering (a frozen primary) keeps the connection open: the hub pings
 it when it has been quiet for `_PING_AFTER_S` while subscribed, and takes it for dead when
@@ -19,14 +20,15 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from typing import Any
 
 import redis.asyncio
-from redis.asyncio.client import PubSub
 from redis.asyncio.cluster import RedisCluster
+from redis.asyncio.connection import AbstractConnection, ConnectionPool
 from redis.exceptions import RedisClusterException, RedisError
 
 from tokenrelay.shared import keys
@@ -39,6 +41,8 @@ _RECONNECT_BACKOFF_S = 0.5
 _PING_AFTER_S = 2.0
 _SILENCE_S = 6.0
 _PING_MESSAGE = "tokenrelay-hub"
+_RESYNC_PING = "tokenrelay-hub-subscribed"
+"""Pinged after a new connection's subscriptions: its reply says they are in place."""
 # What a dropped pub/sub connection raises: under uvloop, a command written to a transport
 # that Redis closed raises RuntimeError ("the handler is closed"), not a ConnectionError; a
 # cluster whose slots are not all served raises RedisClusterException, not a RedisError.
@@ -69,15 +73,30 @@ StreamItem = Delivery | Heartbeat
 class _Listener:
     """One pub/sub connection and the task reading it: the hub's only one on a plain Redis,
     one per primary node on a Redis Cluster (sharded pub/sub: SSUBSCRIBE on the node that
-    owns the channel's slot)."""
+    owns the channel's slot).
 
-    def __init__(self, hub: StreamHub, pubsub: PubSub, *, sharded: bool) -> None:
-        self.pubsub = pubsub
+    The read loop is the only task that connects, reads or replaces the connection: it
+    subscribes every channel of `channels` on each new one. A reader's (un)subscription is
+    written on the connected one, never reconnects it: when that write fails, or no
+    connection is up, the read loop's next connection subscribes the channel."""
+
+    def __init__(self, hub: StreamHub, connection_pool: ConnectionPool, *, sharded: bool) -> None:
+        #: The channels that have readers, subscribed on every connection.
+        self.channels: set[str] = set()
         self.connected = asyncio.Event()
         #: Set when a subscription went unconfirmed: the read loop then replaces the connection.
         self.unconfirmed = asyncio.Event()
         self._hub = hub
-        self._sharded = sharded
+        # Reads carry their own timeout, and a write never waits on a read: no socket
+        # timeout, no health-check PING (its reply would be read as a message).
+        kwargs = {**connection_pool.connection_kwargs, "socket_timeout": None}
+        kwargs["health_check_interval"] = 0
+        self._new_connection = functools.partial(connection_pool.connection_class, **kwargs)
+        self._connection: AbstractConnection | None = None
+        #: Whether a connection was lost: the next one's readers re-read their logs.
+        self._lost = False
+        self._subscribe = "SSUBSCRIBE" if sharded else "SUBSCRIBE"
+        self._unsubscribe = "SUNSUBSCRIBE" if sharded else "UNSUBSCRIBE"
         self._task: asyncio.Task[None] | None = None
 
     def start(self) -> None:
@@ -85,56 +104,96 @@ class _Listener:
             self._task = asyncio.create_task(self._read_loop(), name="stream-hub")
 
     async def subscribe(self, channel: str) -> None:
-        if self._sharded:
-            await self.pubsub.ssubscribe(channel)
-        else:
-            await self.pubsub.subscribe(channel)
+        self.channels.add(channel)
+        await self._send(self._subscribe, channel)
 
     async def unsubscribe(self, channel: str) -> None:
-        if self._sharded:
-            await self.pubsub.sunsubscribe(channel)
-        else:
-            await self.pubsub.unsubscribe(channel)
+        self.channels.discard(channel)
+        await self._send(self._unsubscribe, channel)
 
     async def close(self) -> None:
         if self._task is not None:
             self._task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await self._task
-        await self.pubsub.aclose()
+        if self._connection is not None:
+            await self._connection.disconnect()
+
+    async def _send(self, *command: str) -> None:
+        """`command` on the connected connection; one that fails it is left to the read
+        loop, which replaces it."""
+        connection = self._connection
+        if connection is None or not self.connected.is_set():
+            return
+        try:
+            await connection.send_command(*command, check_health=False)
+        except _CONNECTION_ERRORS as exc:
+            log.warning("pub/sub write failed, reconnecting: %s", exc)
+            self.unconfirmed.set()
+
+    def _batches(self, channels: set[str]) -> list[list[str]]:
+        """`channels` as the commands that subscribe them: all in one, or on a cluster one by
+        one (the channels of one SSUBSCRIBE must share a slot)."""
+        if self._subscribe == "SSUBSCRIBE":
+            return [[channel] for channel in channels]
+        return [list(channels)] if channels else []
+
+    def _handle(self, response: Any) -> None:
+        """One reply read off the connection: a message, a confirmation or a pong (outside
+        subscribed mode, a PING's reply is its bare message)."""
+        if isinstance(response, list):
+            kind, subject = _text(response[0]), response[1]
+        else:
+            kind, subject = "pong", response
+        if kind == "pong":
+            if _text(subject) == _RESYNC_PING and self._lost:
+                self._lost = False
+                self._hub.resync(self.channels)
+        elif kind in ("subscribe", "ssubscribe"):
+            self._hub.confirm(_text(subject))
+        elif kind in ("message", "smessage"):
+            self._hub.deliver(_text(subject), response[2])
 
     async def _read_loop(self) -> None:
-        """Read and dispatch; a server that stops answering (a ping sent after
-        `_PING_AFTER_S` of silence goes unanswered for `_SILENCE_S`, or a subscription is not
-        confirmed) is left for a new connection, as one that closes is."""
+        """Connect, subscribe `channels`, read and dispatch; a server that stops answering
+        (a ping sent after `_PING_AFTER_S` of silence goes unanswered for `_SILENCE_S`, or a
+        subscription is not confirmed) is left for a new connection, as one that closes is.
+        Once a new connection's subscriptions are confirmed, every reader re-reads its log:
+        what was published meanwhile is recovered."""
         loop = asyncio.get_running_loop()
-        pubsub = self.pubsub
         while True:
+            connection = self._new_connection()
             try:
-                await pubsub.connect()
+                await asyncio.wait_for(connection.connect(), _SUBSCRIBE_TIMEOUT_S)
+                self._connection = connection
                 self.unconfirmed.clear()
                 self.connected.set()
+                # Ping after the subscriptions: its reply says they are all in place.
+                for channels in self._batches(self.channels):
+                    await connection.send_command(self._subscribe, *channels, check_health=False)
+                await connection.send_command("PING", _RESYNC_PING, check_health=False)
                 heard_at = pinged_at = loop.time()
                 while True:
-                    message = await pubsub.get_message(timeout=1.0)
+                    response = await connection.read_response(
+                        timeout=1.0, disconnect_on_error=False, push_request=True
+                    )
                     now = loop.time()
-                    if message is not None:
+                    if response is not None:
                         heard_at = now
-                        self._hub.dispatch(message)
+                        self._handle(response)
                     elif self.unconfirmed.is_set() or now - heard_at > _SILENCE_S:
                         raise redis.exceptions.ConnectionError("pub/sub server stopped answering")
-                    elif pubsub.subscribed and now - max(heard_at, pinged_at) > _PING_AFTER_S:
-                        await pubsub.ping(_PING_MESSAGE)
+                    elif self.channels and now - max(heard_at, pinged_at) > _PING_AFTER_S:
+                        await connection.send_command("PING", _PING_MESSAGE, check_health=False)
                         pinged_at = now
-                    if not pubsub.subscribed:
+                    if not self.channels:
                         heard_at = now  # nothing to hear: a subscription tells the rest
             except _CONNECTION_ERRORS as exc:
                 log.warning("pub/sub connection lost, reconnecting: %s", exc)
                 self.connected.clear()
-                self._hub.resync()
-                if pubsub.connection is not None:
-                    with contextlib.suppress(*_CONNECTION_ERRORS):
-                        await pubsub.connection.disconnect()
+                self._lost = True
+                with contextlib.suppress(*_CONNECTION_ERRORS):
+                    await connection.disconnect()
                 await asyncio.sleep(_RECONNECT_BACKOFF_S)
 
 
@@ -151,7 +210,7 @@ class StreamHub:
         self._channel_listener: dict[str, _Listener] = {}
         self._started = False
         if not isinstance(client, RedisCluster):
-            self._listeners[""] = _Listener(self, client.pubsub(), sharded=False)
+            self._listeners[""] = _Listener(self, client.connection_pool, sharded=False)
 
     def start(self) -> None:
         self._started = True
@@ -167,10 +226,18 @@ class StreamHub:
         return len(self._readers)
 
     async def events(
-        self, job_id: str, *, after_seq: int = -1, idle_s: float = 15.0
+        self, job_id: str, *, after_seq: int = -1, idle_s: float = 15.0, ended: bool = False
     ) -> AsyncIterator[StreamItem]:
-        """Events of `job_id` with `seq > after_seq`, through the terminal one."""
+        """Events of `job_id` with `seq > after_seq`, through the terminal one. A job known to
+        have `ended` is read from its log without a subscription, unless the log still lacks
+        its final event (on a token plane of its own, it comes from the outbox)."""
         last_seq = after_seq
+        if ended:
+            logged = await self._replay(job_id, last_seq)
+            if logged and is_terminal(logged[-1].event):
+                for delivery in logged:
+                    yield delivery
+                return
         async with self._subscription(job_id) as queue:
             pending = await self._replay(job_id, last_seq)
             while True:
@@ -222,7 +289,7 @@ class StreamHub:
         if listener is None:
             options: dict[str, Any] = {k: node.connection_kwargs.get(k) for k in _NODE_OPTIONS}
             node_client = redis.asyncio.Redis(host=node.host, port=int(node.port), **options)
-            listener = _Listener(self, node_client.pubsub(), sharded=True)
+            listener = _Listener(self, node_client.connection_pool, sharded=True)
             self._listeners[node.name] = listener
             if self._started:
                 listener.start()
@@ -239,8 +306,6 @@ class StreamHub:
                 if channel not in self._confirmed:
                     self._confirmed[channel] = asyncio.Event()
                     listener = self._channel_listener[channel] = await self._listener(channel)
-                    # Subscribe on the connection the read loop listens to, never a second one.
-                    await asyncio.wait_for(listener.connected.wait(), _SUBSCRIBE_TIMEOUT_S)
                     await listener.subscribe(channel)
                 await self._confirmation(channel)
             except _CONNECTION_ERRORS as exc:  # TimeoutError is an OSError
@@ -265,26 +330,24 @@ class StreamHub:
             self._channel_listener[channel].unconfirmed.set()
             await asyncio.wait_for(confirmed.wait(), _SUBSCRIBE_TIMEOUT_S)
 
-    def resync(self) -> None:
-        """A pub/sub connection dropped: every reader re-reads its log from its last seq."""
-        for readers in self._readers.values():
-            for queue in readers:
+    def resync(self, channels: set[str]) -> None:
+        """A listener's new connection subscribed `channels`: each of their readers re-reads
+        its log from its last seq, for what was published while none was subscribed."""
+        for channel in channels:
+            for queue in self._readers.get(channel, ()):
                 queue.put_nowait(_RESYNC)
 
-    def dispatch(self, message: dict[str, Any]) -> None:
-        if message["type"] == "pong":
-            return
-        channel = _text(message["channel"])
-        if message["type"] in ("subscribe", "ssubscribe"):
-            confirmed = self._confirmed.get(channel)
-            if confirmed is not None:
-                confirmed.set()
-            return
-        if message["type"] not in ("message", "smessage"):
-            return
-        delivery = _delivery(message["data"])
-        for queue in self._readers.get(channel, ()):
-            queue.put_nowait(delivery)
+    def confirm(self, channel: str) -> None:
+        confirmed = self._confirmed.get(channel)
+        if confirmed is not None:
+            confirmed.set()
+
+    def deliver(self, channel: str, payload: bytes | str) -> None:
+        readers = self._readers.get(channel)
+        if readers:
+            delivery = _delivery(payload)
+            for queue in readers:
+                queue.put_nowait(delivery)
 
 
 def _delivery(payload: bytes | str) -> Delivery:

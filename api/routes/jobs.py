@@ -67,11 +67,13 @@ async def job_events(
     was submitted to run without a listener."""
     record = await get_record(state, caller, job_id)
     after_seq = _parse_last_event_id(last_event_id)
-    if record.status.is_terminal:
+    ended = record.status.is_terminal
+    if ended:
         last = await state.hub.last_event(job_id)
         if last is None or last.event.seq <= after_seq:
             return Response(status_code=204)
-    events = state.hub.events(job_id, after_seq=after_seq, idle_s=state.settings.sse_ping_s)
+    idle_s = state.settings.sse_ping_s
+    events = state.hub.events(job_id, after_seq=after_seq, idle_s=idle_s, ended=ended)
     return sse.response(relay(state, job_id, events, _JobEventsSSE(), cancel_on_leave=False))
 
 
