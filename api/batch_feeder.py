@@ -27,7 +27,7 @@ from typing import cast
 from redis.exceptions import RedisError
 
 from tokenrelay.api import batch_run
-from tokenrelay.api.batch_finalize import finalize
+from tokenrelay.api.batch_finalize import finalize, retire
 from tokenrelay.api.batch_models import BatchField, BatchStatus
 from tokenrelay.api.batch_run import BatchRun
 from tokenrelay.api.batch_store import transition
@@ -73,7 +73,7 @@ class BatchFeeder:
             fields = cast("dict[str, str]", await self.state.redis.hgetall(keys.batch(batch_id)))
             status = fields.get(BatchField.STATUS)
             if status is None or BatchStatus(status).is_terminal:
-                await self.state.redis.zrem(keys.active_batches(), batch_id)
+                await retire(self.state, batch_id)  # failed validation, or a finalizer died
                 self.held.remove(batch_id)
             elif status == BatchStatus.VALIDATING:
                 await self._validate(batch_id, fields)

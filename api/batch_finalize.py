@@ -45,7 +45,7 @@ async def finalize(state: AppState, batch_id: str, fields: dict[str, str]) -> bo
     sources = (source, BatchStatus.CANCELLING) if stop == "expire" else (source,)
     done = await transition(state, batch_id, sources, target, {stamp: int(time.time()), **file_ids})
     if done:
-        await _retire(state, batch_id)
+        await retire(state, batch_id)
     return done
 
 
@@ -75,9 +75,9 @@ async def _write_files(
     return file_ids
 
 
-async def _retire(state: AppState, batch_id: str) -> None:
-    """The batch leaves the active set; its working keys go, its record stays as long as
-    its files."""
+async def retire(state: AppState, batch_id: str) -> None:
+    """The ended batch leaves the active set; its working keys go, its record stays as long
+    as its files. Idempotent: whoever finds a batch ended, and still active, retires it."""
     hash_key, *working = batch_keys(batch_id)
     async with state.redis.pipeline(transaction=True) as pipe:
         pipe.zrem(keys.active_batches(), batch_id)

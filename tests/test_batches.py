@@ -14,10 +14,13 @@ from typing import Any
 import httpx
 import openai
 import pytest
+import redis
 from openai.types import Batch
 
 from tests.cluster import MODEL_NAME, Cluster, ClusterFactory
 from tests.webhook_receiver import SECRET, Received, Receiver, assert_signed, wait_until_settled
+from tokenrelay.cli.harness import eventually
+from tokenrelay.shared import keys
 
 pytestmark = pytest.mark.timeout(300)  # whole batches through a real cluster
 
@@ -142,7 +145,9 @@ def test_completions_endpoint(client: openai.OpenAI) -> None:
     assert out["response"]["body"]["object"] == "text_completion"
 
 
-def test_bad_lines_fail_the_batch_with_openai_errors(client: openai.OpenAI) -> None:
+def test_bad_lines_fail_the_batch_with_openai_errors(
+    client: openai.OpenAI, cluster: Cluster
+) -> None:
     lines = [
         json.dumps(chat_line("ok")),
         "{not json",
@@ -171,6 +176,14 @@ def test_bad_lines_fail_the_batch_with_openai_errors(client: openai.OpenAI) -> N
     assert by_line[7].param == "body.stream"
     assert by_line[8].code == "model_not_found"
     assert failed.failed_at and failed.output_file_id is None
+    with redis.Redis.from_url(cluster.redis_url) as r:  # retired: kept as long as its files
+        eventually(
+            lambda: r.zscore(keys.active_batches(), batch.id) is None,
+            10,
+            "the failed batch to leave the active set",
+        )
+        assert 0 < r.ttl(keys.batch(batch.id)) <= 30 * 24 * 3600
+        assert not r.exists(keys.batch_requests(batch.id))
 
 
 def test_cancel_mid_run_ends_cancelled_with_consistent_counts(client: openai.OpenAI) -> None:
