@@ -11,7 +11,7 @@ from redis.typing import EncodableT, FieldT
 from tokenrelay.api.batch_models import BatchField, BatchStatus
 from tokenrelay.api.batch_run import ERROR, OUTPUT
 from tokenrelay.api.batch_store import batch_keys, transition
-from tokenrelay.api.file_store import FileWriter
+from tokenrelay.api.file_store import FileWriter, remove_file
 from tokenrelay.api.state import AppState
 from tokenrelay.shared import keys
 
@@ -46,6 +46,9 @@ async def finalize(state: AppState, batch_id: str, fields: dict[str, str]) -> bo
     done = await transition(state, batch_id, sources, target, {stamp: int(time.time()), **file_ids})
     if done:
         await retire(state, batch_id)
+    else:  # another finalizer ended it, with files of its own: these would be orphans
+        for file_id in file_ids.values():
+            await remove_file(state.redis, owner, str(file_id))
     return done
 
 

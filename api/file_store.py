@@ -206,11 +206,16 @@ async def delete_file(
     redis_client: redis.asyncio.Redis, caller: Caller, file_id: str
 ) -> FileDeleted:
     fields = await FILES.fields(redis_client, caller, file_id)
+    await remove_file(redis_client, fields[_OWNER], file_id)
+    return FileDeleted(id=file_id, deleted=True)
+
+
+async def remove_file(redis_client: redis.asyncio.Redis, owner: str, file_id: str) -> None:
+    """Delete `owner`'s file `file_id`: its record, its content and its place in the list."""
     async with redis_client.pipeline(transaction=True) as pipe:
         pipe.delete(keys.file(file_id), keys.file_chunks(file_id))
-        pipe.zrem(keys.owner_files(fields[_OWNER]), file_id)
+        pipe.zrem(keys.owner_files(owner), file_id)
         await pipe.execute()
-    return FileDeleted(id=file_id, deleted=True)
 
 
 async def iter_content(state: AppState, file_id: str) -> AsyncIterator[bytes]:
