@@ -31,6 +31,7 @@ def add_batch_commands(batch: argparse.ArgumentParser, connection: argparse.Argu
     submit.add_argument("file", type=Path, help="JSONL, one request per line (OpenAI's format)")
     submit.add_argument("--endpoint", default="/v1/chat/completions")
     submit.add_argument("--metadata", action="append", default=[], metavar="KEY=VALUE")
+    submit.add_argument("--webhook", metavar="URL", help="POST the batch here when it ends")
     submit.add_argument("--wait", action="store_true", help="show progress until it ends")
     status = commands.add_parser("status", parents=[connection], help="print a batch")
     status.add_argument("batch_id")
@@ -68,7 +69,7 @@ def _submit(client: Client, args: argparse.Namespace) -> int:
             uploaded = client.upload_file(args.file.name, content)
     except OSError as exc:
         raise ClientError(f"cannot read {args.file}: {exc.strerror}") from exc
-    batch = client.create_batch(uploaded["id"], args.endpoint, metadata or None)
+    batch = client.create_batch(uploaded["id"], args.endpoint, metadata or None, args.webhook)
     print(batch["id"], flush=True)
     return _watch(client, batch["id"], args.interval) if args.wait else 0
 

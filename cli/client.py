@@ -101,9 +101,15 @@ class Client:
         return response.content
 
     def create_batch(
-        self, file_id: str, endpoint: str, metadata: dict[str, str] | None
+        self,
+        file_id: str,
+        endpoint: str,
+        metadata: dict[str, str] | None,
+        webhook: str | None = None,
     ) -> dict[str, Any]:
         body = {"input_file_id": file_id, "endpoint": endpoint, "completion_window": "24h"}
+        if webhook is not None:
+            body["webhook"] = webhook
         return self._json("POST", "/v1/batches", json={**body, "metadata": metadata})
 
     def batch(self, batch_id: str) -> dict[str, Any]:

@@ -210,3 +210,6 @@ def test_batch_cancel_stops_a_running_batch_and_unknown_ids_are_one_error(
     assert_one_clear_error(unknown, "batch_not_found", "HTTP 404")
     missing = tokenrelay(cluster, "batch", "submit", str(tmp_path / "missing.jsonl"))
     assert_one_clear_error(missing, "cannot read")
+    # The webhook is sent with the batch: this cluster allows none, so the API refuses it.
+    hooked = tokenrelay(cluster, "batch", "submit", str(requests), "--webhook", "https://h.test/x")
+    assert_one_clear_error(hooked, "HTTP 400", "webhook")
