@@ -47,8 +47,8 @@ class AppState:
     def build(cls, settings: Settings) -> AppState:
         # A burst of requests waits briefly for a pooled connection instead of failing with
         # "Too many connections" (redis-py's default pool caps at 100 and refuses the rest);
-        # the pool, the stream hub's one pub/sub connection included, bounds this process's
-        # connections whatever the number of streams (`TOKENRELAY_REDIS_POOL_SIZE`).
+        # the pool, and beside it the stream hub's one pub/sub connection, bound this
+        # process's connections whatever the number of streams (`TOKENRELAY_REDIS_POOL_SIZE`).
         # Every call fails after `TOKENRELAY_API_REDIS_TIMEOUT_S` instead of hanging on a
         # server that stopped answering (a frozen primary never closes its connections), and
         # redis-py's retry reconnects, through the sentinels, to the primary they name.
