@@ -3,7 +3,8 @@
 Real processes (an API, two workers) against a Redis run as compose.yaml runs it
 (`appendonly yes`, `appendfsync everysec`). Redis is stopped with SIGTERM (it writes its
 AOF) or SIGKILL (it loses up to its last second of writes, which the workers must resend)
-while jobs stream, and started again on the same port and data directory.
+while jobs stream, and started again on the same port and data directory. Streams open
+across the outage carry on: their clients receive every token.
 """
 
 from __future__ import annotations
@@ -92,6 +93,8 @@ class StreamClient:
 
 def token_events(http: httpx.Client, job_id: str) -> list[dict]:
     with http.stream("GET", f"/v1/jobs/{job_id}/events") as response:
+        if response.status_code != 200:
+            raise AssertionError(f"{job_id}: {response.status_code} {response.read()!r}")
         return [json.loads(line[6:]) for line in response.iter_lines() if line.startswith("data: ")]
 
 
@@ -130,9 +133,11 @@ def check_every_job(http: httpx.Client, client: redis.Redis, job_ids: list[str])
     statuses = []
     for job_id in job_ids:
         events = token_events(http, job_id)
-        record = http.get(f"/v1/jobs/{job_id}").json()
-        assert [e["seq"] for e in events] == list(range(len(events))), job_id
-        assert sum(e["type"] in ("done", "error") for e in events) == 1, job_id
+        response = http.get(f"/v1/jobs/{job_id}")
+        assert response.status_code == 200, (job_id, response.text)
+        record = response.json()
+        assert [e.get("seq") for e in events] == list(range(len(events))), (job_id, events[-1:])
+        assert sum(e["type"] in ("done", "error") for e in events) == 1, (job_id, record)
         tokens = [e for e in events if e["type"] == "token"]
         statuses.append(record["status"])
         if record["status"] == "succeeded":
@@ -189,11 +194,9 @@ def test_redis_restart_mid_stream_loses_no_event_and_no_finished_job(
             statuses = check_every_job(http, client, job_ids)
             assert statuses == ["succeeded"] * len(job_ids)
             check_no_key_leaked(client)
-            for stream in streams:
+            for stream in streams:  # open across the outage: far shorter than SSE_PING_S
                 stored = client.get(keys.job_text(stream.job_id)) or ""
-                assert stored.startswith(stream.text)
-                if stream.ended == "length":
-                    assert stream.text == stored
+                assert (stream.ended, stream.text) == ("length", stored), stream.job_id
         assert all(worker.running() for worker in workers)
     finally:
         client.close()
