@@ -95,6 +95,7 @@ class _Listener:
         self._connection: AbstractConnection | None = None
         #: Whether a connection was lost: the next one's readers re-read their logs.
         self._lost = False
+        self._heard_at = 0.0
         self._subscribe = "SSUBSCRIBE" if sharded else "SUBSCRIBE"
         self._unsubscribe = "SUNSUBSCRIBE" if sharded else "UNSUBSCRIBE"
         self._task: asyncio.Task[None] | None = None
@@ -155,12 +156,10 @@ class _Listener:
             self._hub.deliver(_text(subject), response[2])
 
     async def _read_loop(self) -> None:
-        """Connect, subscribe `channels`, read and dispatch; a server that stops answering
-        (a ping sent after `_PING_AFTER_S` of silence goes unanswered for `_SILENCE_S`, or a
-        subscription is not confirmed) is left for a new connection, as one that closes is.
-        Once a new connection's subscriptions are confirmed, every reader re-reads its log:
-        what was published meanwhile is recovered."""
-        loop = asyncio.get_running_loop()
+        """Connect, subscribe `channels`, then read and dispatch until the connection fails
+        or its server stops answering, and connect again. Once a new connection's
+        subscriptions are confirmed, every reader re-reads its log: what was published
+        meanwhile is recovered."""
         while True:
             connection = self._new_connection()
             try:
@@ -172,22 +171,7 @@ class _Listener:
                 for channels in self._batches(self.channels):
                     await connection.send_command(self._subscribe, *channels, check_health=False)
                 await connection.send_command("PING", _RESYNC_PING, check_health=False)
-                heard_at = pinged_at = loop.time()
-                while True:
-                    response = await connection.read_response(
-                        timeout=1.0, disconnect_on_error=False, push_request=True
-                    )
-                    now = loop.time()
-                    if response is not None:
-                        heard_at = now
-                        self._handle(response)
-                    elif self.unconfirmed.is_set() or now - heard_at > _SILENCE_S:
-                        raise redis.exceptions.ConnectionError("pub/sub server stopped answering")
-                    elif self.channels and now - max(heard_at, pinged_at) > _PING_AFTER_S:
-                        await connection.send_command("PING", _PING_MESSAGE, check_health=False)
-                        pinged_at = now
-                    if not self.channels:
-                        heard_at = now  # nothing to hear: a subscription tells the rest
+                await self._serve(connection)
             except _CONNECTION_ERRORS as exc:
                 log.warning("pub/sub connection lost, reconnecting: %s", exc)
                 self.connected.clear()
@@ -195,6 +179,48 @@ class _Listener:
                 with contextlib.suppress(*_CONNECTION_ERRORS):
                     await connection.disconnect()
                 await asyncio.sleep(_RECONNECT_BACKOFF_S)
+
+    async def _serve(self, connection: AbstractConnection) -> None:
+        """Read `connection` (each read without a timeout of its own: arming one per message
+        cost the API more CPU than dispatching it) while a watch task checks that its server
+        still answers; returns only by raising the failure of either."""
+        self._heard_at = asyncio.get_running_loop().time()
+        tasks = (
+            asyncio.create_task(self._read(connection)),
+            asyncio.create_task(self._watch(connection)),
+        )
+        try:
+            done, _ = await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            for task in tasks:
+                task.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
+        for task in done:
+            task.result()
+
+    async def _read(self, connection: AbstractConnection) -> None:
+        loop = asyncio.get_running_loop()
+        while True:
+            response = await connection.read_response(disconnect_on_error=False, push_request=True)
+            self._heard_at = loop.time()
+            self._handle(response)
+
+    async def _watch(self, connection: AbstractConnection) -> None:
+        """Each second: a connection quiet for `_PING_AFTER_S` while subscribed is pinged; one
+        that stays silent for `_SILENCE_S`, or whose subscription went unconfirmed, is given
+        up (raises)."""
+        loop = asyncio.get_running_loop()
+        pinged_at = loop.time()
+        while True:
+            await asyncio.sleep(1.0)
+            now = loop.time()
+            if self.unconfirmed.is_set() or now - self._heard_at > _SILENCE_S:
+                raise redis.exceptions.ConnectionError("pub/sub server stopped answering")
+            if self.channels and now - max(self._heard_at, pinged_at) > _PING_AFTER_S:
+                await connection.send_command("PING", _PING_MESSAGE, check_health=False)
+                pinged_at = now
+            if not self.channels:
+                self._heard_at = now  # nothing to hear: a subscription tells the rest
 
 
 class StreamHub:
