@@ -1,4 +1,5 @@
-"""What more than one benchmark uses: the progress log, the model checkpoints and the prompts.
+"""What more than one benchmark uses: the progress log, the model checkpoints, the prompts and
+a pub/sub subscriber that drains what Redis publishes.
 
 Models are random-weight Qwen2 checkpoints from `tokenrelay.worker.tiny_model`, built once
 into a cache folder. The "qwen2-0.5b" shape keeps Qwen2-0.5B-Instruct's 151,936 embedding
@@ -12,7 +13,9 @@ Qwen2-0.5B-Instruct.
 from __future__ import annotations
 
 import shutil
+import socket
 import sys
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -89,3 +92,20 @@ def make_conversations(n: int, prompt_tokens: int, tag: str, tokenizer: Any) -> 
                 break
         conversations.append(chat)
     return conversations
+
+
+def drain(
+    port: int, channels: list[str], stop: threading.Event, *, subscribe: str = "SUBSCRIBE"
+) -> None:
+    """Subscribe to `channels` (`subscribe`: SUBSCRIBE, or SSUBSCRIBE on a cluster node) and
+    read and discard every message until `stop`, as an API's hub connection reads them."""
+    with socket.create_connection(("127.0.0.1", port)) as sock:
+        parts = [subscribe, *channels]
+        command = f"*{len(parts)}\r\n" + "".join(f"${len(p)}\r\n{p}\r\n" for p in parts)
+        sock.sendall(command.encode())
+        sock.settimeout(0.2)
+        while not stop.is_set():
+            try:
+                sock.recv(1 << 20)
+            except TimeoutError:
+                continue

@@ -163,15 +163,7 @@ class RedisConnector:
         settings = self._settings
         pool_wait_s = options.pop("pool_wait_s", None)
         if self._sync_sentinel is None:
-            if max_connections is None:
-                return redis.Redis.from_url(settings.redis_url, **_checked(options))
-            pool = redis.BlockingConnectionPool.from_url(
-                settings.redis_url,
-                max_connections=max_connections,
-                timeout=pool_wait_s,
-                **_checked(options),
-            )
-            return redis.Redis.from_pool(pool)
+            return _sync_client(settings.redis_url, max_connections, pool_wait_s, options)
         if max_connections is not None:
             options["max_connections"] = max_connections
         client: redis.Redis = self._sync_sentinel.master_for(
@@ -190,13 +182,7 @@ class RedisConnector:
         settings = self._settings
         pool_wait_s = options.pop("pool_wait_s", None)
         if self._async_sentinel is None:
-            pool = redis.asyncio.BlockingConnectionPool.from_url(
-                settings.redis_url,
-                max_connections=max_connections,
-                timeout=pool_wait_s,
-                **_checked(options),
-            )
-            return redis.asyncio.Redis.from_pool(pool)
+            return _async_client(settings.redis_url, max_connections, pool_wait_s, options)
         client: redis.asyncio.Redis = self._async_sentinel.master_for(
             settings.redis_sentinel_master,
             redis_class=redis.asyncio.Redis,
@@ -239,15 +225,7 @@ def stream_sync_client(settings: Settings, **options: Any) -> SyncStreamClient |
         return redis.cluster.RedisCluster.from_url(settings.stream_redis_url, **_checked(options))
     max_connections = options.pop("max_connections", None)
     pool_wait_s = options.pop("pool_wait_s", None)
-    if max_connections is None:
-        return redis.Redis.from_url(settings.stream_redis_url, **_checked(options))
-    pool = redis.BlockingConnectionPool.from_url(
-        settings.stream_redis_url,
-        max_connections=max_connections,
-        timeout=pool_wait_s,
-        **_checked(options),
-    )
-    return redis.Redis.from_pool(pool)
+    return _sync_client(settings.stream_redis_url, max_connections, pool_wait_s, options)
 
 
 def stream_async_client(
@@ -262,11 +240,28 @@ def stream_async_client(
         return redis.asyncio.cluster.RedisCluster.from_url(
             settings.stream_redis_url, max_connections=max_connections, **_checked(options)
         )
+    return _async_client(settings.stream_redis_url, max_connections, pool_wait_s, options)
+
+
+def _sync_client(
+    url: str, max_connections: int | None, pool_wait_s: float | None, options: dict[str, Any]
+) -> redis.Redis:
+    """A client of the Redis at `url`: with `max_connections`, on a blocking pool (a thread
+    waits up to `pool_wait_s` for a connection)."""
+    if max_connections is None:
+        return redis.Redis.from_url(url, **_checked(options))
+    pool = redis.BlockingConnectionPool.from_url(
+        url, max_connections=max_connections, timeout=pool_wait_s, **_checked(options)
+    )
+    return redis.Redis.from_pool(pool)
+
+
+def _async_client(
+    url: str, max_connections: int, pool_wait_s: float | None, options: dict[str, Any]
+) -> redis.asyncio.Redis:
+    """An asyncio client of the Redis at `url` on a blocking pool of `max_connections`."""
     pool = redis.asyncio.BlockingConnectionPool.from_url(
-        settings.stream_redis_url,
-        max_connections=max_connections,
-        timeout=pool_wait_s,
-        **_checked(options),
+        url, max_connections=max_connections, timeout=pool_wait_s, **_checked(options)
     )
     return redis.asyncio.Redis.from_pool(pool)
 

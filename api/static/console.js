@@ -396,25 +396,33 @@ async function pollViews() {
   }
 }
 
+// Show `text` in the notice `box`.
+function showIn(box, text) {
+  box.textContent = text;
+  box.hidden = false;
+}
+
+// `api(method, path)`'s response, or null once `box` says the gateway cannot be reached.
+async function reach(box, method, path) {
+  try {
+    return await api(method, path);
+  } catch (err) {
+    showIn(box, `Cannot reach the gateway: ${err.message}`);
+    return null;
+  }
+}
+
 async function refreshCluster() {
   const box = $("cluster-notice");
-  let response;
-  try {
-    response = await api("GET", "cluster?limit=15");
-  } catch (err) {
-    box.textContent = `Cannot reach the gateway: ${err.message}`;
-    box.hidden = false;
-    return;
-  }
+  const response = await reach(box, "GET", "cluster?limit=15");
+  if (response === null) return;
   if (response.status === 401 || response.status === 403) {
     showKeyForm();
-    box.textContent = "The cluster view needs an admin API key (TOKENRELAY_ADMIN_API_KEYS).";
-    box.hidden = false;
+    showIn(box, "The cluster view needs an admin API key (TOKENRELAY_ADMIN_API_KEYS).");
     return;
   }
   if (!response.ok) {
-    box.textContent = await describeError(response);
-    box.hidden = false;
+    showIn(box, await describeError(response));
     return;
   }
   box.hidden = true;
@@ -515,20 +523,15 @@ async function refreshBatches() {
   const after = state.batchCursors[state.batchCursors.length - 1];
   const query = new URLSearchParams({ limit: String(BATCH_PAGE_SIZE) });
   if (after !== null) query.set("after", after);
-  let response;
-  try {
-    response = await api("GET", `batches?${query}`);
-  } catch (err) {
-    box.textContent = `Cannot reach the gateway: ${err.message}`;
-    box.hidden = false;
-    return;
-  }
+  const response = await reach(box, "GET", `batches?${query}`);
+  if (response === null) return;
   if (!response.ok) {
-    box.textContent =
+    showIn(
+      box,
       response.status === 401
         ? "Enter an API key above to see its batches."
-        : await describeError(response);
-    box.hidden = false;
+        : await describeError(response),
+    );
     return;
   }
   const page = await response.json();
@@ -555,17 +558,10 @@ function fileLink(fileId, label, name) {
 // The content needs the API key, which a plain link cannot send: fetch it, then save it.
 async function download(fileId, name) {
   const box = $("batches-notice");
-  let response;
-  try {
-    response = await api("GET", `files/${fileId}/content`);
-  } catch (err) {
-    box.textContent = `Cannot reach the gateway: ${err.message}`;
-    box.hidden = false;
-    return;
-  }
+  const response = await reach(box, "GET", `files/${fileId}/content`);
+  if (response === null) return;
   if (!response.ok) {
-    box.textContent = await describeError(response);
-    box.hidden = false;
+    showIn(box, await describeError(response));
     return;
   }
   const url = URL.createObjectURL(await response.blob());

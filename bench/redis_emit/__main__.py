@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import argparse
 import itertools
-import socket
 import sys
 import threading
 import time
@@ -33,6 +32,7 @@ from collections.abc import Callable
 import redis
 from redis.typing import EncodableT, FieldT
 
+from bench.common import drain
 from tokenrelay.cli.embedded_redis import EmbeddedRedis
 from tokenrelay.shared import keys, scripts
 from tokenrelay.shared.jobs import JobField, JobStatus
@@ -151,20 +151,6 @@ _BODIES: dict[str, str | None] = {
 _EVENT = '{"type":"token","text":"lorem ","tokens":1}'
 
 
-def _drain(port: int, channels: list[str], stop: threading.Event) -> None:
-    """A subscriber that reads and discards every message, like an API's hub connection."""
-    with socket.create_connection(("127.0.0.1", port)) as sock:
-        parts = ["SUBSCRIBE", *channels]
-        command = f"*{len(parts)}\r\n" + "".join(f"${len(p)}\r\n{p}\r\n" for p in parts)
-        sock.sendall(command.encode())
-        sock.settimeout(0.2)
-        while not stop.is_set():
-            try:
-                sock.recv(1 << 20)
-            except TimeoutError:
-                continue
-
-
 def _redis_cpu_s(client: redis.Redis) -> float:
     info = client.info("cpu")
     return float(info["used_cpu_sys"]) + float(info["used_cpu_user"])
@@ -186,7 +172,7 @@ def measure(
         client.xadd(keys.job_events(job_id), {"e": _EVENT}, id="1-0")  # START's event
     stop = threading.Event()
     channels = [keys.job_channel(job_id) for job_id in job_ids]
-    drainer = threading.Thread(target=_drain, args=(port, channels, stop), daemon=True)
+    drainer = threading.Thread(target=drain, args=(port, channels, stop), daemon=True)
     drainer.start()
     time.sleep(0.2)
     send: Callable[[], object]

@@ -23,7 +23,6 @@ import argparse
 import itertools
 import multiprocessing
 import os
-import socket
 import sys
 import threading
 import time
@@ -32,6 +31,7 @@ from dataclasses import dataclass
 import redis
 import redis.cluster
 
+from bench.common import drain
 from tokenrelay.cli.embedded_cluster import EmbeddedCluster, embedded_cluster
 from tokenrelay.shared import keys, scripts
 from tokenrelay.shared.events import Started, TokenChunk
@@ -58,20 +58,6 @@ def _drive(url: str, job_ids: list[str], seconds: float, sent: multiprocessing.Q
             events += len(job_ids)
             seq += 1
     sent.put(events)
-
-
-def _drain(port: int, channels: list[str], stop: threading.Event) -> None:
-    """A sharded subscriber that reads and discards every message (an API's hub connection)."""
-    with socket.create_connection(("127.0.0.1", port)) as sock:
-        parts = ["SSUBSCRIBE", *channels]
-        command = f"*{len(parts)}\r\n" + "".join(f"${len(p)}\r\n{p}\r\n" for p in parts)
-        sock.sendall(command.encode())
-        sock.settimeout(0.2)
-        while not stop.is_set():
-            try:
-                sock.recv(1 << 20)
-            except TimeoutError:
-                continue
 
 
 def _main_thread_cpu_s(port: int) -> float:
@@ -138,13 +124,16 @@ def _measure(cluster: EmbeddedCluster, jobs: int, drivers: int, seconds: float) 
     stop = threading.Event()
     drains = [
         threading.Thread(
-            target=_drain, args=(port, [keys.job_channel(j) for j in ids], stop), daemon=True
+            target=drain,
+            args=(port, [keys.job_channel(j) for j in ids], stop),
+            kwargs={"subscribe": "SSUBSCRIBE"},
+            daemon=True,
         )
         for port, ids in by_port.items()
         if ids
     ]
-    for drain in drains:
-        drain.start()
+    for drainer in drains:
+        drainer.start()
     sent: multiprocessing.Queue = multiprocessing.Queue()
     cpu0 = {port: _main_thread_cpu_s(port) for port in by_port}
     commands0 = {port: _commands(port) for port in by_port}
@@ -171,8 +160,8 @@ def _measure(cluster: EmbeddedCluster, jobs: int, drivers: int, seconds: float) 
         for port, ids in by_port.items()
     ]
     stop.set()
-    for drain in drains:
-        drain.join(timeout=5)
+    for drainer in drains:
+        drainer.join(timeout=5)
     return Run(len(cluster.nodes), events, wall, shards)
 
 
