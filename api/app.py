@@ -50,10 +50,11 @@ def create_app(settings: Settings) -> FastAPI:
         webhooks = asyncio.create_task(dispatch_webhooks(state), name="webhook-dispatcher")
         feeder_loop = BatchFeeder(state, app.state.metrics).run_forever()
         feeder = asyncio.create_task(feeder_loop, name="batch-feeder")
+        watch = asyncio.create_task(state.connector.follow_primary_async(), name="primary-watch")
         try:
             yield
         finally:
-            for task in (reaper, webhooks, feeder):
+            for task in (reaper, webhooks, feeder, watch):
                 task.cancel()
                 with contextlib.suppress(asyncio.CancelledError):
                     await task

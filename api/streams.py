@@ -13,7 +13,9 @@ a reader heard nothing for its idle time. A job that has ended is read from its 
 A server that stops answering (a frozen primary) keeps the connection open: the hub pings
 it when it has been quiet for `_PING_AFTER_S` while subscribed, and takes it for dead when
 no reply comes within `_SILENCE_S`, or when a subscription is not confirmed in time; it then
-reconnects (through the sentinels, to the primary they name) and subscribes again.
+reconnects (through the sentinels, to the primary they name) and subscribes again. So it
+does when the sentinels name a new primary (`RedisConnector.follow_primary_async`): the old
+one takes writes for seconds more, and the workers' events no longer reach it.
 """
 
 from __future__ import annotations
@@ -27,6 +29,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import redis.asyncio
+import redis.asyncio.sentinel
 from redis.asyncio.cluster import RedisCluster
 from redis.asyncio.connection import AbstractConnection, ConnectionPool
 from redis.exceptions import RedisClusterException, RedisError
@@ -92,6 +95,7 @@ class _Listener:
         kwargs = {**connection_pool.connection_kwargs, "socket_timeout": None}
         kwargs["health_check_interval"] = 0
         self._new_connection = functools.partial(connection_pool.connection_class, **kwargs)
+        self._pool = connection_pool
         self._connection: AbstractConnection | None = None
         #: Whether a connection was lost: the next one's readers re-read their logs.
         self._lost = False
@@ -207,8 +211,8 @@ class _Listener:
 
     async def _watch(self, connection: AbstractConnection) -> None:
         """Each second: a connection quiet for `_PING_AFTER_S` while subscribed is pinged; one
-        that stays silent for `_SILENCE_S`, or whose subscription went unconfirmed, is given
-        up (raises)."""
+        that stays silent for `_SILENCE_S`, whose subscription went unconfirmed, or whose
+        server the sentinels no longer call the primary is given up (raises)."""
         loop = asyncio.get_running_loop()
         pinged_at = loop.time()
         while True:
@@ -216,11 +220,21 @@ class _Listener:
             now = loop.time()
             if self.unconfirmed.is_set() or now - self._heard_at > _SILENCE_S:
                 raise redis.exceptions.ConnectionError("pub/sub server stopped answering")
+            if self._primary_moved(connection):
+                raise redis.exceptions.ConnectionError("the sentinels name another primary")
             if self.channels and now - max(self._heard_at, pinged_at) > _PING_AFTER_S:
                 await connection.send_command("PING", _PING_MESSAGE, check_health=False)
                 pinged_at = now
             if not self.channels:
                 self._heard_at = now  # nothing to hear: a subscription tells the rest
+
+    def _primary_moved(self, connection: AbstractConnection) -> bool:
+        """Whether `connection` reaches a server the sentinels no longer call the primary."""
+        pool = self._pool
+        if not isinstance(pool, redis.asyncio.sentinel.SentinelConnectionPool):
+            return False
+        address = (getattr(connection, "host", None), getattr(connection, "port", None))
+        return pool.master_address is not None and pool.master_address != address
 
 
 class StreamHub:

@@ -67,6 +67,7 @@ class EmbeddedSentinel:
                 )
             )
         self._wait(lambda: all(self._sees_replica(port) for port in self.sentinel_ports))
+        self._wait(lambda: self._replicated(self.servers[0].port))
 
     def _sentinel(self, port: int) -> redis.Redis:
         return redis.Redis(host="127.0.0.1", port=port, socket_timeout=1, decode_responses=True)
@@ -85,8 +86,11 @@ class EmbeddedSentinel:
             return int(port)
 
     def failover(self) -> int:
-        """Promote the replica; returns the new primary's port once it takes writes."""
+        """Promote the replica, once it replicates the primary (else the promotion would
+        discard what the primary holds); returns the new primary's port once it takes
+        writes."""
         old = self.primary_port()
+        self._wait(lambda: self._replicated(old))
         with self._sentinel(self.sentinel_ports[0]) as client:
             client.sentinel_failover(SERVICE)
         return self.promoted(old)
@@ -96,6 +100,17 @@ class EmbeddedSentinel:
         they do by themselves once `old` stops answering); returns its port."""
         self._wait(lambda: self.primary_port() != old and self._is_primary(self.primary_port()))
         return self.primary_port()
+
+    def _replicated(self, port: int) -> bool:
+        """Whether the primary on `port` has a replica online: one that completed its sync
+        and follows its writes (a replica's link comes up a few seconds after it starts)."""
+        try:
+            with redis.Redis(host="127.0.0.1", port=port, socket_timeout=1) as client:
+                info = client.info("replication")
+        except redis.RedisError:
+            return False
+        replica = info.get("slave0")
+        return isinstance(replica, dict) and replica.get("state") == "online"
 
     def _is_primary(self, port: int) -> bool:
         try:

@@ -22,12 +22,19 @@ primary while its scripts client still started it on the old one, where the star
 and the job expired in the new primary's records. The pools of one connector follow the
 primary together: the first to learn of a new one moves them all (idle connections close at
 once, busy ones when they are released), so one process never writes to two primaries.
+They would still learn of it only when one of them makes a new connection, at the latest
+when the sentinels turn the old primary into a replica (10 to 12 s after the promotion here):
+meanwhile a worker's lease renewals went there, and the new primary reaped its jobs as lost.
+`follow_primary` (a worker's thread) and `follow_primary_async` (an API's task) ask the
+sentinels every `PRIMARY_CHECK_S`, so a process moves within that of the promotion.
 
 `is_primary` reads `ROLE`: a replica answers PING and reads too, so readiness asks this.
 """
 
 from __future__ import annotations
 
+import asyncio
+import logging
 import threading
 import weakref
 from typing import Any
@@ -43,7 +50,10 @@ from redis.maint_notifications import MaintNotificationsConfig
 
 from tokenrelay.shared.settings import Settings
 
+log = logging.getLogger(__name__)
+
 SENTINEL_TIMEOUT_S = 2.0
+PRIMARY_CHECK_S = 1.0
 Address = tuple[str, int]
 
 SyncStreamClient = redis.Redis | redis.cluster.RedisCluster
@@ -200,6 +210,32 @@ class RedisConnector:
         if self._sync_sentinel is None:
             return False
         return self._sync_sentinel.primary_moved(self._settings.redis_sentinel_master)
+
+    def follow_primary(self, stop: threading.Event) -> None:
+        """Until `stop` is set, ask the sentinels every `PRIMARY_CHECK_S` which server is the
+        primary, moving this process's sync clients to a new one (returns at once without
+        Sentinel)."""
+        if self._sync_sentinel is None:
+            return
+        while not stop.wait(PRIMARY_CHECK_S):
+            try:
+                self.primary_moved()
+            except redis.RedisError as exc:
+                log.warning("could not ask the sentinels for the primary: %r", exc)
+
+    async def follow_primary_async(self) -> None:
+        """`follow_primary` for an asyncio process, for its asyncio and its sync clients;
+        runs until cancelled."""
+        if self._async_sentinel is None or self._sync_sentinel is None:
+            return
+        service = self._settings.redis_sentinel_master
+        while True:
+            await asyncio.sleep(PRIMARY_CHECK_S)
+            try:
+                await self._async_sentinel.discover_master(service)
+                await asyncio.to_thread(self._sync_sentinel.discover_master, service)
+            except redis.RedisError as exc:
+                log.warning("could not ask the sentinels for the primary: %r", exc)
 
     def close(self) -> None:
         """Close the connections to the sentinels (each client closes its own)."""

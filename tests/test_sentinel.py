@@ -3,13 +3,16 @@
 Real processes (an API, a worker) configured with `TOKENRELAY_REDIS_SENTINELS` and
 `TOKENRELAY_REDIS_MIN_REPLICAS=1`, against a primary, a replica and three sentinels on free
 ports; `SENTINEL FAILOVER` while clients submit jobs and stream. Every job accepted after
-the promotion succeeds; one accepted before it succeeds too, or, when it was running while
-its worker's lease renewals still reached the old primary (which takes writes until the
-sentinels turn it into a replica), fails `worker_lost`: never `expired`, never lost.
+the promotion succeeds, and so does every job accepted before it, those running across the
+promotion included: the processes follow the sentinels within a second of it
+(`RedisConnector.follow_primary`), so no worker's lease renewals go on reaching the old
+primary (which takes writes until the sentinels turn it into a replica) long enough for the
+new one to reap its jobs.
 """
 
 from __future__ import annotations
 
+import itertools
 import json
 import threading
 import time
@@ -133,14 +136,8 @@ def test_failover_mid_traffic_is_followed_and_loses_no_accepted_job(
             eventually(lambda: primary.zcard(keys.leases()) == 0, 60, "every job to end")
             records = [(t, http.get(f"/v1/jobs/{j}").json()) for t, j in traffic.accepted]
         statuses = {record["status"] for _, record in records}
-        after = [record for t, record in records if t > promoted]
-        assert [r for r in after if r["status"] != "succeeded"] == [], "a job after failed"
-        before = [record for t, record in records if t <= promoted]
-        # A job accepted before the promotion succeeds, or fails worker_lost (its lease
-        # renewals went to the old primary); it never expires in the new primary's queue.
-        assert all(
-            r["status"] == "succeeded" or r["error"]["type"] == "worker_lost" for r in before
-        ), [r for r in before if r["status"] != "succeeded"]
+        failed = [(t > promoted, r) for t, r in records if r["status"] != "succeeded"]
+        assert failed == [], "(accepted after the promotion, record) of jobs that did not succeed"
         assert ended and ended[0] == "data: [DONE]", ended
         assert worker.running()
     finally:
@@ -231,3 +228,76 @@ def test_worker_and_api_leave_a_primary_that_hangs(
     finally:
         group.servers[0].resume()
     print(f"hung primary: the same API accepted a job {accepted_s:.2f}s after the promotion")
+
+
+ACROSS = {
+    "model": MODEL_NAME,
+    "messages": [{"role": "user", "content": "go"}],
+    "max_tokens": 300,
+    "stream": True,
+}
+"""At the synthetic engine's 20 tokens/s, 15 s: it runs past the lease (6 s) after the
+promotion, and past the sentinels' reconfiguration of the old primary (10 to 12 s after it)."""
+LONGEST_GAP_S = 6.0
+"""The most a stream across the promotion may go without a token: the processes move within
+a second of it (`PRIMARY_CHECK_S`), the hub's pub/sub connection within the next second;
+staying on the old primary until it is reconfigured cost 9.8 s."""
+
+
+def test_a_stream_across_the_promotion_succeeds_whole_without_other_traffic(
+    group: EmbeddedSentinel, make_cluster: ClusterFactory
+) -> None:
+    """No start or refused write tells the processes of the promotion (`MIN_REPLICAS=0`, one
+    job): they learn of it by asking the sentinels. Before they did, the worker's lease
+    renewals and events went to the old primary until it was reconfigured, the new one's
+    lease ran out, and the job the client had watched to its end was recorded `worker_lost`."""
+    settings = {
+        "TOKENRELAY_REDIS_SENTINELS": group.sentinels,
+        "TOKENRELAY_REDIS_SENTINEL_MASTER": SERVICE,
+        "TOKENRELAY_LEASE_TTL_S": "6",
+        "TOKENRELAY_ENGINE": "synthetic",
+        "TOKENRELAY_ALLOW_SYNTHETIC_ENGINE": "1",
+        "TOKENRELAY_SYNTHETIC_TOKENS_PER_S": "20",
+    }
+    cluster: Cluster = make_cluster(settings, redis_url=group.url, workers=1)
+    texts: list[str] = []
+    arrivals: list[float] = []
+    job_ids: list[str] = []
+    finish: list[str | None] = []
+    running = threading.Event()
+
+    def stream() -> None:
+        with (
+            httpx.Client(base_url=cluster.base_url, timeout=60) as http,
+            http.stream("POST", "/v1/chat/completions", json=ACROSS) as response,
+        ):
+            for line in response.iter_lines():
+                if not line.startswith("data: {"):
+                    continue
+                chunk = json.loads(line[6:])
+                if "error" in chunk:
+                    finish.append(chunk["error"]["code"])
+                    continue
+                job_ids.append(chunk["id"].removeprefix("chatcmpl-"))
+                choice = chunk["choices"][0]
+                if choice["delta"].get("content"):
+                    texts.append(choice["delta"]["content"])
+                    arrivals.append(time.monotonic())
+                    running.set()
+                finish.append(choice["finish_reason"])
+
+    reader = threading.Thread(target=stream, daemon=True)
+    reader.start()
+    assert running.wait(30), "the stream never started"
+    group.failover()
+    promoted = time.monotonic()
+    reader.join(timeout=90)
+    assert not reader.is_alive(), "the stream hung"
+    with httpx.Client(base_url=cluster.base_url, timeout=30) as http:
+        record = http.get(f"/v1/jobs/{job_ids[0]}").json()
+    assert record["status"] == "succeeded", record
+    assert finish[-1] == "length" and "".join(texts) == record["text"], (finish[-1:], record)
+    assert arrivals[-1] - promoted > 8.0, "the stream ended before it could show anything"
+    gap = max(b - a for a, b in itertools.pairwise(arrivals))
+    assert gap <= LONGEST_GAP_S, f"a stream went {gap:.1f} s without a token"
+    print(f"across the promotion: longest gap between tokens {gap:.2f} s")

@@ -10,6 +10,10 @@ servers: a primary, a replica and three sentinels.
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
+import threading
+import time
 from collections.abc import Iterator
 from typing import Any
 
@@ -20,7 +24,7 @@ import redis.sentinel
 
 from tokenrelay.cli.embedded_sentinel import SERVICE, EmbeddedSentinel
 from tokenrelay.cli.harness import eventually
-from tokenrelay.shared.redis_connect import RedisConnector
+from tokenrelay.shared.redis_connect import PRIMARY_CHECK_S, RedisConnector
 from tokenrelay.shared.settings import Settings
 from tokenrelay.worker.failover_guard import FailoverGuard
 
@@ -134,3 +138,52 @@ def test_a_start_on_the_old_primary_does_not_hold_and_the_next_reaches_the_new_o
     finally:
         client.close()
         connector.close()
+
+
+def test_a_worker_process_moves_within_a_check_of_the_promotion(group: EmbeddedSentinel) -> None:
+    """Without `follow_primary` an idle connection reaches the old primary until the sentinels
+    reconfigure it (10 to 12 s here): a worker's lease renewals went there and its running jobs were
+    reaped on the new primary."""
+    connector = RedisConnector(_settings(group))
+    client = connector.sync_client(max_connections=4)
+    stop = threading.Event()
+    watch = threading.Thread(target=connector.follow_primary, args=(stop,), daemon=True)
+    old = group.primary_port()
+    try:
+        assert _port(client) == old
+        watch.start()
+        new = _failover(group)
+        eventually(lambda: _port(client) == new, 3 * PRIMARY_CHECK_S, "the client to move")
+        assert _still_primary(old), "the old primary was reconfigured: nothing was shown"
+    finally:
+        stop.set()
+        watch.join(timeout=5)
+        client.close()
+        connector.close()
+    assert not watch.is_alive()
+
+
+async def test_an_api_process_moves_within_a_check_of_the_promotion(
+    group: EmbeddedSentinel,
+) -> None:
+    """The same for an API process: its asyncio clients and its sync ones (RQ's)."""
+    connector = RedisConnector(_settings(group))
+    requests = connector.async_client(max_connections=4)
+    rq_connection = connector.sync_client(max_connections=4)
+    old = group.primary_port()
+    watch = asyncio.create_task(connector.follow_primary_async())
+    try:
+        assert await _async_port(requests) == _port(rq_connection) == old
+        new = await asyncio.to_thread(_failover, group)
+        deadline = time.monotonic() + 3 * PRIMARY_CHECK_S
+        while await _async_port(requests) != new or _port(rq_connection) != new:
+            assert time.monotonic() < deadline, "a client still reaches the old primary"
+            await asyncio.sleep(0.1)
+        assert _still_primary(old), "the old primary was reconfigured: nothing was shown"
+    finally:
+        watch.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await watch
+        await requests.aclose()
+        rq_connection.close()
+        await connector.aclose()

@@ -150,8 +150,13 @@ def run_worker(settings: Settings, *, demo: bool = False) -> int:
             stopping.set()
             drain.start()
 
+    following = threading.Event()
+    watch = threading.Thread(
+        target=connector.follow_primary, args=(following,), name="primary-watch", daemon=True
+    )
     keeper.start()
     batcher.start()
+    watch.start()
     log.info(
         "worker %s serving %s on %s, up to %d jobs at once",
         name,
@@ -186,6 +191,7 @@ def run_worker(settings: Settings, *, demo: bool = False) -> int:
         log.info("stop requested while reconnecting")
     finally:
         drain.cancel()
+        following.set()
         batcher.stop()
         keeper.stop()
         scripts_client.close()
