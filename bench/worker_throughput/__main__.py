@@ -350,8 +350,9 @@ class ShapeBench:
                     runs[mode.key].append(result)
                     log(
                         f"{self.shape} ({mode.key}) x{concurrency} run {repeat + 1}/{repeats}: "
-                        f"{result.tokens_per_s:.1f} tok/s, TTFT p50 {result.ttft(0.5):.2f} s "
-                        f"p99 {result.ttft(0.99):.2f} s; others used {result.foreign_cpu:.0%} CPU"
+                        f"{result.tokens_per_s:.1f} tok/s, TTFT min {result.ttft(0):.2f} s "
+                        f"p50 {result.ttft(0.5):.2f} s p99 {result.ttft(0.99):.2f} s; "
+                        f"others used {result.foreign_cpu:.0%} CPU"
                     )
             for key, mode_runs in runs.items():
                 if mode_runs:
