@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import asyncio
+
 import redis
 import redis.asyncio
 
-from tokenrelay.api.streams import Delivery, StreamHub
+from tokenrelay.api.streams import HEARTBEAT, Delivery, StreamHub
 from tokenrelay.shared import scripts
 from tokenrelay.shared.events import Done, Started, TokenChunk, Usage
 from tokenrelay.shared.script_runner import SyncScripts
@@ -57,3 +59,49 @@ async def test_duplicates_of_replayed_events_do_not_trigger_more_replays(
         await hub.close()
     assert seqs == list(range(22))
     assert hub.replays == 1
+
+
+async def test_a_reader_gets_a_heartbeat_after_idle_s_of_silence_and_none_while_events_flow(
+    settings: Settings, sync_redis: redis.Redis, async_redis: redis.asyncio.Redis
+) -> None:
+    """A heartbeat (an SSE ping, and a replay of the log) comes once `idle_s` passed without
+    an event, counted from the last one; events spaced closer than that bring none."""
+    run = SyncScripts(sync_redis)
+    scripts.check_admitted(run.run(scripts.admit(settings, "j", "o", "m")))
+    run.run(scripts.start(settings, "j", "w", Started(worker="w", prompt_tokens=1).to_wire()))
+    idle_s = 0.3
+    loop = asyncio.get_running_loop()
+    hub = StreamHub(async_redis)
+    hub.start()
+    items: list[tuple[float, object]] = []
+    seq = 0
+
+    async def emit(count: int, every_s: float) -> None:
+        nonlocal seq
+        for _ in range(count):
+            await asyncio.sleep(every_s)  # the pace of a slow model: the input, not a wait
+            seq += 1
+            chunk = TokenChunk(text="x", tokens=1).to_wire()
+            await asyncio.to_thread(run.run, scripts.emit(settings, [("j", seq, chunk)]))
+
+    async def read() -> None:
+        async for item in hub.events("j", idle_s=idle_s):
+            items.append((loop.time(), item))
+            if isinstance(item, Delivery) and item.event.seq == 10:
+                return
+
+    try:
+        reader = asyncio.create_task(read())
+        await emit(1, 0.0)
+        await emit(8, idle_s / 3)  # 0.8 s of events, 0.1 s apart
+        await emit(1, idle_s * 2.5)  # then 0.75 s of silence
+        await asyncio.wait_for(reader, 10)
+    finally:
+        await hub.close()
+    kinds = ["beat" if item is HEARTBEAT else item.event.seq for _, item in items]  # type: ignore[attr-defined]
+    assert kinds[:10] == list(range(10)), kinds
+    beats = [i for i, kind in enumerate(kinds) if kind == "beat"]
+    assert beats and all(i > 9 for i in beats), kinds  # none while events flowed
+    first_beat_at = items[beats[0]][0]
+    assert first_beat_at - items[9][0] >= idle_s, "a heartbeat before idle_s of silence"
+    assert kinds[-1] == 10 and len(beats) <= 2, kinds

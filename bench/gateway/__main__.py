@@ -278,6 +278,7 @@ async def run(options: Options) -> list[LevelResult]:
                 first_token_ms=options.first_token_ms,
                 flush_interval_ms=flush_ms,
                 worker_concurrency=max(options.concurrency) // options.workers + 64,
+                streams=max(options.concurrency),
             )
             log(f"starting Redis, {spec.api_processes} API, {spec.workers} worker(s): {spec}")
             with BenchCluster(spec) as cluster:

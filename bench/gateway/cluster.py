@@ -39,6 +39,7 @@ class ClusterSpec:
     first_token_ms: float
     flush_interval_ms: float
     worker_concurrency: int
+    streams: int
 
     def env(self, redis_url: str) -> dict[str, str]:
         env = dict(os.environ)
@@ -56,6 +57,9 @@ class ClusterSpec:
             TOKENRELAY_MAX_INFLIGHT=str(1_000_000),
             TOKENRELAY_MAX_TOKENS_LIMIT=str(1_000_000),
             TOKENRELAY_RESULT_TTL_S="300",
+            # Above the streams each API process holds (uvicorn answers a plain 503 past it),
+            # as the README says to size it.
+            TOKENRELAY_API_MAX_CONNECTIONS=str(max(1000, self.streams + 256)),
             PYTHONUNBUFFERED="1",
         )
         return env
