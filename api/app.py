@@ -8,7 +8,7 @@ from collections.abc import AsyncIterator
 
 from fastapi import FastAPI
 
-from tokenrelay.api import errors
+from tokenrelay.api import errors, gc_tuning
 from tokenrelay.api.batch_feeder import BatchFeeder
 from tokenrelay.api.body_limit import BodySizeLimit
 from tokenrelay.api.metrics import Metrics
@@ -99,5 +99,8 @@ def create_app(settings: Settings) -> FastAPI:
 
 
 def create_app_from_env() -> FastAPI:
-    """Entry point for uvicorn (`factory=True`): settings from `TOKENRELAY_*`."""
-    return create_app(Settings())
+    """Entry point for uvicorn (`factory=True`): settings from `TOKENRELAY_*`, the process's
+    garbage collector tuned (`gc_tuning`)."""
+    app = create_app(Settings())
+    gc_tuning.tune()
+    return app
