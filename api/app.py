@@ -8,7 +8,7 @@ from collections.abc import AsyncIterator
 
 from fastapi import FastAPI
 
-from tokenrelay.api import errors, gc_tuning
+from tokenrelay.api import background, errors, gc_tuning
 from tokenrelay.api.batch_feeder import BatchFeeder
 from tokenrelay.api.body_limit import BodySizeLimit
 from tokenrelay.api.metrics import Metrics
@@ -54,10 +54,7 @@ def create_app(settings: Settings) -> FastAPI:
         try:
             yield
         finally:
-            for task in (reaper, webhooks, feeder, watch):
-                task.cancel()
-                with contextlib.suppress(asyncio.CancelledError):
-                    await task
+            await background.stop((reaper, webhooks, feeder, watch))
             await state.close()
 
     app = FastAPI(

@@ -34,6 +34,7 @@ from redis.asyncio.cluster import RedisCluster
 from redis.asyncio.connection import AbstractConnection, ConnectionPool
 from redis.exceptions import RedisClusterException, RedisError
 
+from tokenrelay.api import background
 from tokenrelay.shared import keys
 from tokenrelay.shared.events import Event, is_terminal, parse_event
 
@@ -149,9 +150,7 @@ class _Listener:
 
     async def close(self) -> None:
         if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
+            await background.stop([self._task])
         if self._connection is not None:
             await self._connection.disconnect()
 
