@@ -320,7 +320,7 @@ class StreamHub:
                         yield delivery
                         if is_terminal(delivery.event):
                             return
-                    item = queue.get_nowait() if not queue.empty() else await queue.get()
+                    item = await queue.get()
                     if item is _IDLE:
                         yield HEARTBEAT
                         pending = await self._replay(job_id, last_seq)

@@ -12,6 +12,7 @@ import shutil
 import subprocess
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import redis
@@ -104,20 +105,15 @@ class EmbeddedSentinel:
     def _replicated(self, port: int) -> bool:
         """Whether the primary on `port` has a replica online: one that completed its sync
         and follows its writes (a replica's link comes up a few seconds after it starts)."""
-        try:
-            with redis.Redis(host="127.0.0.1", port=port, socket_timeout=1) as client:
-                info = client.info("replication")
-        except redis.RedisError:
-            return False
-        replica = info.get("slave0")
-        return isinstance(replica, dict) and replica.get("state") == "online"
+
+        def online(client: redis.Redis) -> bool:
+            replica = client.info("replication").get("slave0")
+            return isinstance(replica, dict) and replica.get("state") == "online"
+
+        return _asks(port, online)
 
     def _is_primary(self, port: int) -> bool:
-        try:
-            with redis.Redis(host="127.0.0.1", port=port, socket_timeout=1) as client:
-                return bool(client.execute_command("ROLE")[0] == b"master")
-        except redis.RedisError:
-            return False
+        return _asks(port, lambda client: client.execute_command("ROLE")[0] == b"master")
 
     @staticmethod
     def _wait(condition: object, timeout_s: float = 30.0) -> None:
@@ -149,3 +145,12 @@ class EmbeddedSentinel:
         for server in self.servers:
             server.__exit__()
         shutil.rmtree(self._dir, ignore_errors=True)
+
+
+def _asks(port: int, question: Callable[[redis.Redis], bool]) -> bool:
+    """`question` put to the server on `port`; False when it cannot answer."""
+    try:
+        with redis.Redis(host="127.0.0.1", port=port, socket_timeout=1) as client:
+            return bool(question(client))
+    except redis.RedisError:
+        return False

@@ -226,14 +226,14 @@ class RedisConnector:
     async def follow_primary_async(self) -> None:
         """`follow_primary` for an asyncio process, for its asyncio and its sync clients;
         runs until cancelled."""
-        if self._async_sentinel is None or self._sync_sentinel is None:
+        if self._async_sentinel is None:
             return
         service = self._settings.redis_sentinel_master
         while True:
             await asyncio.sleep(PRIMARY_CHECK_S)
             try:
                 await self._async_sentinel.discover_master(service)
-                await asyncio.to_thread(self._sync_sentinel.discover_master, service)
+                await asyncio.to_thread(self.primary_moved)
             except redis.RedisError as exc:
                 log.warning("could not ask the sentinels for the primary: %r", exc)
 
