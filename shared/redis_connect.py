@@ -211,6 +211,13 @@ class RedisConnector:
             return False
         return self._sync_sentinel.primary_moved(self._settings.redis_sentinel_master)
 
+    def primary_address(self) -> Address | None:
+        """The server the sentinels name as the primary now, moving this process's sync
+        clients there if it is a new one; None without Sentinel."""
+        if self._sync_sentinel is None:
+            return None
+        return self._sync_sentinel.discover_master(self._settings.redis_sentinel_master)
+
     def follow_primary(self, stop: threading.Event) -> None:
         """Until `stop` is set, ask the sentinels every `PRIMARY_CHECK_S` which server is the
         primary, moving this process's sync clients to a new one (returns at once without

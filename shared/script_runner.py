@@ -24,11 +24,12 @@ class SyncScripts:
         self._client = client
         self._registered: dict[str, Script] = {}
 
-    def run(self, call: ScriptCall) -> Any:
+    def run(self, call: ScriptCall, client: redis.Redis | None = None) -> Any:
+        """Run `call`; on `client` (a client of the same server) instead of this runner's."""
         script = self._registered.get(call.source)
         if script is None:
             script = self._registered[call.source] = self._client.register_script(call.source)
-        return script(keys=call.keys, args=call.args)
+        return script(keys=call.keys, args=call.args, client=client)
 
 
 class AsyncScripts:

@@ -95,10 +95,10 @@ class CountingScripts(SyncScripts):
         super().__init__(client)
         self.emits: list[int] = []
 
-    def run(self, call: ScriptCall) -> Any:
+    def run(self, call: ScriptCall, client: redis.Redis | None = None) -> Any:
         if call.source == scripts.EMIT:
             self.emits.append(len(call.keys) // 2)  # a log and a channel per event
-        return super().run(call)
+        return super().run(call, client)
 
 
 def request(max_tokens: int = 50, stop: tuple[str, ...] = ()) -> dict[str, object]:
@@ -148,8 +148,8 @@ def runner_for(
 
 
 def guard(settings: Settings, client: redis.Redis) -> FailoverGuard:
-    """No Sentinel: the primary never moves."""
-    return FailoverGuard(settings, client, lambda: False)
+    """No Sentinel: no primary is named."""
+    return FailoverGuard(settings, client, lambda: None)
 
 
 def admit(run: SyncScripts, settings: Settings, job_id: str) -> None:
@@ -341,13 +341,13 @@ class FlakyScripts(SyncScripts):
         self._sources = sources
         self.calls = 0
 
-    def run(self, call: ScriptCall) -> Any:
+    def run(self, call: ScriptCall, client: redis.Redis | None = None) -> Any:
         if call.source not in self._sources:
-            return super().run(call)
+            return super().run(call, client)
         self.calls += 1
         if self.calls % 3 == 1:
             raise redis.ConnectionError("injected: lost before Redis")
-        reply = super().run(call)
+        reply = super().run(call, client)
         if self.calls % 3 == 2:
             raise redis.ConnectionError("injected: reply lost")
         return reply
@@ -444,6 +444,71 @@ def test_a_job_whose_start_a_failover_discarded_goes_back_to_its_queue(
     again = runner_for(ScriptedEngine({"j": "again"}))
     assert again.generate("j", request()) == {"status": "succeeded"}
     assert sync_redis.get(keys.job_text("j")) == "again"
+
+
+Snapshot = list[tuple[Any, int, Any]]
+
+
+def snapshot(raw: redis.Redis) -> Snapshot:
+    """Every key of the database as `DUMP` gives it, with its TTL."""
+    return [(key, max(int(raw.pttl(key)), 0), raw.dump(key)) for key in raw.keys("*")]
+
+
+class DeposedAtFinish(FailoverGuard):
+    """The primary that takes the job's FINISH (the second write the guard sees, after
+    START) was deposed: what it took is discarded (the new primary holds the database as
+    `taken` left it, mid-generation), and the guard says the write does not hold."""
+
+    def __init__(self, settings: Settings, client: redis.Redis, raw: redis.Redis) -> None:
+        super().__init__(settings, client, lambda: None)
+        self._raw = raw
+        self.taken: Snapshot = []
+        self.applies = 0
+
+    def apply(self, write: Callable[[redis.Redis], Any]) -> tuple[Any, bool]:
+        self.applies += 1
+        reply, holds = super().apply(write)
+        if self.applies != 2:
+            return reply, holds
+        self._raw.flushdb()
+        for key, ttl_ms, value in self.taken:
+            self._raw.restore(key, ttl_ms, value)
+        return reply, False
+
+
+def test_an_end_a_deposed_primary_took_is_made_again_with_the_events_it_lacked(
+    settings: Settings, sync_redis: redis.Redis, parts: tuple[CountingScripts, ActiveJobs]
+) -> None:
+    """With `MIN_REPLICAS`, a FINISH no replica acknowledged on a server the sentinels no
+    longer name is made again: before, the job stayed running on the new primary, its lease
+    ran out and a job whose generation had completed was recorded `worker_lost`."""
+    run, active = parts
+    text = "the end reached the old primary"
+    with redis.Redis.from_url(settings.redis_url) as raw:
+        guard = DeposedAtFinish(settings, sync_redis, raw)
+
+        def take(step: int) -> None:
+            if step == 8:
+                guard.taken = snapshot(raw)
+
+        engine = ScriptedEngine({"j": text}, on_step=take)
+        admit(run, settings, "j")
+        batcher = Batcher(engine, run, settings, active)
+        batcher.start()
+        try:
+            status = JobRunner(engine, batcher, run, settings, "w", active, guard).generate(
+                "j", request()
+            )
+        finally:
+            batcher.stop()
+    assert status == {"status": "succeeded"} and guard.applies == 3
+    log = events(sync_redis, "j")
+    assert [e["seq"] for e in log] == list(range(len(log)))
+    assert [e["type"] for e in log].count("done") == 1
+    assert "".join(e["text"] for e in log if e["type"] == "token") == text
+    assert sync_redis.get(keys.job_text("j")) == text
+    assert sync_redis.hget(keys.job("j"), "status") == "succeeded"
+    assert sync_redis.zcard(keys.leases()) == 0
 
 
 class LongChatEngine(ScriptedEngine):

@@ -130,7 +130,7 @@ def run_worker(settings: Settings, *, demo: bool = False) -> int:
     redis_scripts = SyncScripts(scripts_client)
     plane_scripts = redis_scripts if plane_client is None else SyncScripts(plane_client)
     batcher = Batcher(engine, plane_scripts, settings, active)
-    guard = FailoverGuard(settings, scripts_client, connector.primary_moved)
+    guard = FailoverGuard(settings, scripts_client, connector.primary_address)
     runner = JobRunner(engine, batcher, redis_scripts, settings, name, active, guard, plane_scripts)
     limits = LimitsPublisher(
         settings.model_id,

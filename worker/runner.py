@@ -8,9 +8,10 @@ completed is finished, never reaped, while its worker lives. Where the token pla
 of its own, START is followed by OPEN there (the log's Started event) and FINISH preceded by
 CLOSE (final event, text); each of these is a no-op when resent.
 
-Across a Sentinel failover (`FailoverGuard`): a start that would not survive it is made
-again on the new primary, and a job that ran here while the primary still holds it queued
-goes back to its queue; a job dequeued twice runs once.
+Across a Sentinel failover (`FailoverGuard`): a start or an end that would not survive it
+is made again on the new primary (an end with the events that primary lacks), and a job
+that ran here while the primary still holds it queued goes back to its queue; a job
+dequeued twice runs once.
 """
 
 from __future__ import annotations
@@ -116,7 +117,7 @@ class JobRunner:
         while True:
             sent_at = time.monotonic()
             try:
-                status = self._scripts.run(call)
+                status, holds = self._guard.apply(lambda client: self._scripts.run(call, client))
                 if status == JobStatus.RUNNING and open_log is not None:
                     self._plane_scripts.run(open_log)
             except RedisError as exc:
@@ -128,22 +129,12 @@ class JobRunner:
                 continue
             if status == JobStatus.RUNNING:
                 self._active.lease_renewed([job_id], sent_at, self._settings.lease_ttl_s)
-                if not self._start_holds(job_id) and time.monotonic() < give_up_at:
-                    backoff.failed()
-                    time.sleep(backoff.wait_s())
-                    continue  # on the new primary, which the process's clients now reach
+            if not holds and time.monotonic() < give_up_at:
+                log.warning("job %s started on a primary that failed over; again", job_id)
+                backoff.failed()
+                time.sleep(backoff.wait_s())
+                continue  # on the new primary, which the process's clients now reach
             return status
-
-    def _start_holds(self, job_id: str) -> bool:
-        """`FailoverGuard.start_holds`, through Redis errors (the next START retries them)."""
-        try:
-            holds = self._guard.start_holds()
-        except RedisError as exc:
-            log.warning("could not confirm the start of job %s, will retry: %s", job_id, exc)
-            return False
-        if not holds:
-            log.warning("job %s started on a primary that failed over; starting it again", job_id)
-        return holds
 
     def _run_started(self, job_id: str, request: GenerationRequest, prompt_ids: list[int]) -> str:
         fresh_log = JobLog(job_id)
@@ -279,13 +270,15 @@ class JobRunner:
         while True:
             if job_log is None or self._courier.send([job_log]):
                 try:
-                    outcome = self._end(close_log, call)
+                    outcome, holds = self._end(close_log, call)
                 except RedisError as exc:
                     log.warning("FINISH of job %s failed, will retry: %s", job_id, exc)
                 else:
-                    if outcome == scripts.FINISH_QUEUED:
+                    if not holds:
+                        log.warning("job %s ended on a primary that failed over; again", job_id)
+                    elif outcome == scripts.FINISH_QUEUED:
                         self._give_back(job_id)
-                    if outcome != scripts.FINISH_BEHIND:
+                    if holds and outcome != scripts.FINISH_BEHIND:
                         return bool(outcome == 1)
                     if job_log is not None:
                         job_log.resend_all()
@@ -295,15 +288,18 @@ class JobRunner:
             backoff.failed()
             time.sleep(backoff.wait_s())
 
-    def _end(self, close_log: scripts.ScriptCall | None, finish: scripts.ScriptCall) -> Any:
-        """FINISH; on a token plane of its own, after CLOSE closed the job's log there (a
-        crash between leaves a running job with a closed log and its text, which the reaper
-        ends; never a succeeded job without its text). CLOSE's refusal is FINISH's reply."""
+    def _end(
+        self, close_log: scripts.ScriptCall | None, finish: scripts.ScriptCall
+    ) -> tuple[Any, bool]:
+        """FINISH's reply, and whether it survives a failover (`FailoverGuard.apply`); on a
+        token plane of its own, after CLOSE closed the job's log there (a crash between leaves
+        a running job with a closed log and its text, which the reaper ends; never a succeeded
+        job without its text). CLOSE's refusal is FINISH's reply."""
         if close_log is not None:
             closed = self._plane_scripts.run(close_log)
             if closed != 1:
-                return closed
-        return self._scripts.run(finish)
+                return closed, True
+        return self._guard.apply(lambda client: self._scripts.run(finish, client))
 
     def _give_back(self, job_id: str) -> None:
         """Return a job that FINISH found still queued to its queue (retried through Redis
