@@ -465,9 +465,11 @@ class DeposedAtFinish(FailoverGuard):
         self.taken: Snapshot = []
         self.applies = 0
 
-    def apply(self, write: Callable[[redis.Redis], Any]) -> tuple[Any, bool]:
+    def apply(
+        self, write: Callable[[redis.Redis], Any], wrote: Callable[[Any], bool]
+    ) -> tuple[Any, bool]:
         self.applies += 1
-        reply, holds = super().apply(write)
+        reply, holds = super().apply(write, wrote)
         if self.applies != 2:
             return reply, holds
         self._raw.flushdb()

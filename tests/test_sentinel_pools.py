@@ -24,7 +24,7 @@ import redis.sentinel
 
 from tokenrelay.cli.embedded_sentinel import SERVICE, EmbeddedSentinel
 from tokenrelay.cli.harness import eventually
-from tokenrelay.shared.redis_connect import PRIMARY_CHECK_S, RedisConnector
+from tokenrelay.shared.redis_connect import PRIMARY_CHECK_S, Address, RedisConnector
 from tokenrelay.shared.settings import Settings
 from tokenrelay.worker.failover_guard import PROMOTION_WINDOW_S, FailoverGuard
 
@@ -128,7 +128,13 @@ def test_a_write_on_the_old_primary_does_not_hold_though_the_pools_moved_meanwhi
     settings = _settings(group).model_copy(update={"redis_min_replicas": 1})
     connector = RedisConnector(settings)
     client = connector.sync_client(max_connections=4, decode_responses=True)
-    guard = FailoverGuard(settings, client, connector.primary_address)
+    asked: list[Address | None] = []
+
+    def primary() -> Address | None:
+        asked.append(connector.primary_address())
+        return asked[-1]
+
+    guard = FailoverGuard(settings, client, primary)
     old = group.primary_port()
 
     def write_then_move(one: redis.Redis) -> int:
@@ -138,11 +144,14 @@ def test_a_write_on_the_old_primary_does_not_hold_though_the_pools_moved_meanwhi
         return port
 
     try:
-        assert guard.apply(_port) == (old, True)
+        assert guard.apply(_port, bool) == (old, True)
         new = _failover(group)
-        assert guard.apply(write_then_move) == (old, False)
+        assert guard.apply(write_then_move, bool) == (old, False)
+        asked.clear()
+        assert guard.apply(_port, lambda _: False) == (new, True)  # wrote nothing to keep
+        assert asked == [], "a reply that wrote nothing waited for a replica"
         started = time.monotonic()
-        assert guard.apply(_port) == (new, True)
+        assert guard.apply(_port, bool) == (new, True)
         assert time.monotonic() - started >= PROMOTION_WINDOW_S
         assert _still_primary(old)
     finally:

@@ -22,6 +22,7 @@ class ActiveJobs:
         self._running: set[str] = set()
         self._stops: dict[str, StopReason] = {}
         self._lease_until: dict[str, float] = {}
+        self._ending: set[str] = set()
 
     def add(self, job_id: str) -> bool:
         """Register a job; False if this process runs it already (it was dequeued twice)."""
@@ -36,6 +37,17 @@ class ActiveJobs:
             self._running.discard(job_id)
             self._stops.pop(job_id, None)
             self._lease_until.pop(job_id, None)
+            self._ending.discard(job_id)
+
+    def ending(self, job_id: str) -> None:
+        """The runner is ending the job (FINISH): its lease may be gone because it ended."""
+        with self._lock:
+            if job_id in self._running:
+                self._ending.add(job_id)
+
+    def is_ending(self, job_id: str) -> bool:
+        with self._lock:
+            return job_id in self._ending
 
     def lease_renewed(self, job_ids: list[str], sent_at: float, ttl_s: float) -> None:
         """Redis extended these leases by `ttl_s` at some moment after `sent_at` (monotonic)."""

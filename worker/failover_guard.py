@@ -48,13 +48,17 @@ class FailoverGuard:
         self._client = client
         self._primary = primary
 
-    def apply(self, write: Callable[[redis.Redis], T]) -> tuple[T, bool]:
-        """`write`'s reply on the client, and whether what it wrote survives a failover."""
+    def apply(
+        self, write: Callable[[redis.Redis], T], wrote: Callable[[T], bool]
+    ) -> tuple[T, bool]:
+        """`write`'s reply on the client, and whether what it wrote survives a failover;
+        `wrote` tells from the reply whether it wrote what must survive (a START that found
+        the job ended wrote nothing: its reply holds as it is)."""
         if not self._wanted:
             return write(self._client), True
         with self._client.client() as one:
             reply = write(one)
-            return reply, self._holds(one)
+            return reply, not wrote(reply) or self._holds(one)
 
     def _holds(self, one: redis.Redis) -> bool:
         give_up_at = time.monotonic() + PROMOTION_WINDOW_S

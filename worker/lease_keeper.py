@@ -87,7 +87,8 @@ class LeaseKeeper:
             renewed = [job_id for job_id in job_ids if job_id not in reply.lost]
             self._active.lease_renewed(renewed, sent_at, self._settings.lease_ttl_s)
             for job_id in reply.lost:
-                log.warning("lease of job %s expired before renewal; stopping it", job_id)
+                if not self._active.is_ending(job_id):  # else its own end took the lease
+                    log.warning("lease of job %s expired before renewal; stopping it", job_id)
                 self._active.request_stop(job_id, StopReason.LEASE_LOST)
             for job_id in reply.cancelled:
                 self._active.request_stop(job_id, StopReason.CANCELLED)

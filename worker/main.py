@@ -107,7 +107,8 @@ def run_worker(settings: Settings, *, demo: bool = False) -> int:
         return EXIT_MODEL_UNAVAILABLE
     name = f"tokenrelay-{uuid.uuid4().hex[:12]}"
     # Bounded pools: the job threads (up to `worker_concurrency`) share them, so a worker's
-    # connections stay within twice `TOKENRELAY_WORKER_REDIS_POOL_SIZE` whatever it runs.
+    # connections stay within twice `TOKENRELAY_WORKER_REDIS_POOL_SIZE` whatever it runs
+    # (plus `worker_concurrency` with `TOKENRELAY_REDIS_MIN_REPLICAS`, below).
     # One connector: RQ's dequeue and the scripts that start the job reach the same primary.
     pool_size = settings.worker_redis_pool_size
     connection = connector.sync_client(
@@ -130,7 +131,18 @@ def run_worker(settings: Settings, *, demo: bool = False) -> int:
     redis_scripts = SyncScripts(scripts_client)
     plane_scripts = redis_scripts if plane_client is None else SyncScripts(plane_client)
     batcher = Batcher(engine, plane_scripts, settings, active)
-    guard = FailoverGuard(settings, scripts_client, connector.primary_address)
+    # With MIN_REPLICAS each job thread holds a connection while a replica acknowledges its
+    # START or FINISH (`FailoverGuard`): a pool of their own, so that lease renewals and
+    # events never wait for one.
+    guard_client = scripts_client
+    if settings.redis_min_replicas:
+        guard_client = connector.sync_client(
+            max_connections=settings.worker_concurrency,
+            pool_wait_s=_POOL_WAIT_S,
+            decode_responses=True,
+            **_SOCKET_TIMEOUTS,
+        )
+    guard = FailoverGuard(settings, guard_client, connector.primary_address)
     runner = JobRunner(engine, batcher, redis_scripts, settings, name, active, guard, plane_scripts)
     limits = LimitsPublisher(
         settings.model_id,
@@ -195,6 +207,7 @@ def run_worker(settings: Settings, *, demo: bool = False) -> int:
         batcher.stop()
         keeper.stop()
         scripts_client.close()
+        guard_client.close()
         connection.close()
         connector.close()
     return 0

@@ -117,7 +117,10 @@ class JobRunner:
         while True:
             sent_at = time.monotonic()
             try:
-                status, holds = self._guard.apply(lambda client: self._scripts.run(call, client))
+                status, holds = self._guard.apply(
+                    lambda client: self._scripts.run(call, client),
+                    lambda status: bool(status == JobStatus.RUNNING),
+                )
                 if status == JobStatus.RUNNING and open_log is not None:
                     self._plane_scripts.run(open_log)
             except RedisError as exc:
@@ -267,6 +270,7 @@ class JobRunner:
             close_log = scripts.close_log(self._settings, job_id, event.to_wire(), final_seq, text)
             call = scripts.finish(self._settings, job_id, status, fields, "")
         backoff = Backoff()
+        self._active.ending(job_id)
         while True:
             if job_log is None or self._courier.send([job_log]):
                 try:
@@ -299,7 +303,9 @@ class JobRunner:
             closed = self._plane_scripts.run(close_log)
             if closed != 1:
                 return closed, True
-        return self._guard.apply(lambda client: self._scripts.run(finish, client))
+        return self._guard.apply(
+            lambda client: self._scripts.run(finish, client), lambda outcome: bool(outcome == 1)
+        )
 
     def _give_back(self, job_id: str) -> None:
         """Return a job that FINISH found still queued to its queue (retried through Redis
