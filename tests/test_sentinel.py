@@ -18,6 +18,7 @@ import threading
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
+from typing import Any
 
 import httpx
 import pytest
@@ -301,3 +302,57 @@ def test_a_stream_across_the_promotion_succeeds_whole_without_other_traffic(
     gap = max(b - a for a, b in itertools.pairwise(arrivals))
     assert gap <= LONGEST_GAP_S, f"a stream went {gap:.1f} s without a token"
     print(f"across the promotion: longest gap between tokens {gap:.2f} s")
+
+
+def test_ends_waiting_for_a_frozen_replica_leave_leases_their_connections(
+    group: EmbeddedSentinel, make_cluster: ClusterFactory
+) -> None:
+    """With `MIN_REPLICAS=1` and the replica frozen, each job's end waits out the failover
+    guard's window (no replica acknowledges it; the sentinels still name the primary). The
+    guard's `WAIT`s ran on the scripts pool and held it: in `bench.chaos --failover` the pool
+    ran dry, lease renewals failed with "Too many connections", and running jobs lost their
+    leases. Here three ends wait while a fourth job, running, needs its lease renewed."""
+    settings = {
+        "TOKENRELAY_REDIS_SENTINELS": group.sentinels,
+        "TOKENRELAY_REDIS_SENTINEL_MASTER": SERVICE,
+        "TOKENRELAY_REDIS_MIN_REPLICAS": "1",
+        "TOKENRELAY_LEASE_TTL_S": "3",
+        "TOKENRELAY_WORKER_CONCURRENCY": "4",
+        "TOKENRELAY_WORKER_REDIS_POOL_SIZE": "3",
+        "TOKENRELAY_ENGINE": "synthetic",
+        "TOKENRELAY_ALLOW_SYNTHETIC_ENGINE": "1",
+        "TOKENRELAY_SYNTHETIC_TOKENS_PER_S": "20",
+    }
+    cluster: Cluster = make_cluster(settings, redis_url=group.url, workers=1)
+    worker = next(c for c in cluster.group.children if c.name == "worker")
+    reasons: list[str] = []
+    running = threading.Semaphore(0)
+
+    def stream(max_tokens: int) -> None:
+        body = ACROSS | {"max_tokens": max_tokens}
+        last: dict[str, Any] = {}
+        with (
+            httpx.Client(base_url=cluster.base_url, timeout=60) as http,
+            http.stream("POST", "/v1/chat/completions", json=body) as response,
+        ):
+            for line in response.iter_lines():
+                if line.startswith("data: {"):
+                    if not last:
+                        running.release()
+                    last = json.loads(line[6:])
+        reasons.append(last.get("error", {}).get("code") or last["choices"][0]["finish_reason"])
+
+    # Three end 1.5 s in, while the replica is frozen; one runs 8 s, its 3 s lease renewed.
+    threads = [threading.Thread(target=stream, args=(n,)) for n in (30, 30, 30, 160)]
+    for thread in threads:
+        thread.start()
+    for _ in threads:
+        assert running.acquire(timeout=30), "a job did not start"
+    group.servers[1].pause()
+    try:
+        for thread in threads:
+            thread.join(timeout=60)
+    finally:
+        group.servers[1].resume()
+    assert sorted(reasons) == ["length"] * 4, reasons
+    assert worker.running()
