@@ -53,6 +53,14 @@ def group() -> Iterator[EmbeddedSentinel]:
         yield sentinel_group
 
 
+def _following(group: EmbeddedSentinel) -> dict[str, str]:
+    """The settings that make a process follow the group's primary through its sentinels."""
+    return {
+        "TOKENRELAY_REDIS_SENTINELS": group.sentinels,
+        "TOKENRELAY_REDIS_SENTINEL_MASTER": SERVICE,
+    }
+
+
 @dataclass
 class Traffic:
     """Jobs submitted in a loop and `/readyz` sampled, each on a thread, until `stop`."""
@@ -96,9 +104,7 @@ def stream_ending(base_url: str, ended: list[str], body: dict[str, object] = STR
 def test_failover_mid_traffic_is_followed_and_loses_no_accepted_job(
     group: EmbeddedSentinel, make_cluster: ClusterFactory
 ) -> None:
-    settings = {
-        "TOKENRELAY_REDIS_SENTINELS": group.sentinels,
-        "TOKENRELAY_REDIS_SENTINEL_MASTER": SERVICE,
+    settings = _following(group) | {
         "TOKENRELAY_REDIS_MIN_REPLICAS": "1",
         "TOKENRELAY_LEASE_TTL_S": "6",
         "TOKENRELAY_WORKER_CONCURRENCY": "2",
@@ -176,9 +182,7 @@ def test_worker_and_api_leave_a_primary_that_hangs(
     blocked on one (RQ's dequeue, a lease renewal) must give up on it, or it stops taking jobs
     and every job queued on the new primary expires; an API must give up on its pooled
     connections and its pub/sub connection, or its requests and streams hang."""
-    settings = {
-        "TOKENRELAY_REDIS_SENTINELS": group.sentinels,
-        "TOKENRELAY_REDIS_SENTINEL_MASTER": SERVICE,
+    settings = _following(group) | {
         "TOKENRELAY_LEASE_TTL_S": "6",
         "TOKENRELAY_MAX_QUEUE_WAIT_S": "120",
         "OMP_NUM_THREADS": "1",
@@ -252,9 +256,7 @@ def test_a_stream_across_the_promotion_succeeds_whole_without_other_traffic(
     job): they learn of it by asking the sentinels. Before they did, the worker's lease
     renewals and events went to the old primary until it was reconfigured, the new one's
     lease ran out, and the job the client had watched to its end was recorded `worker_lost`."""
-    settings = {
-        "TOKENRELAY_REDIS_SENTINELS": group.sentinels,
-        "TOKENRELAY_REDIS_SENTINEL_MASTER": SERVICE,
+    settings = _following(group) | {
         "TOKENRELAY_LEASE_TTL_S": "6",
         "TOKENRELAY_ENGINE": "synthetic",
         "TOKENRELAY_ALLOW_SYNTHETIC_ENGINE": "1",
@@ -312,9 +314,7 @@ def test_ends_waiting_for_a_frozen_replica_leave_leases_their_connections(
     guard's `WAIT`s ran on the scripts pool and held it: in `bench.chaos --failover` the pool
     ran dry, lease renewals failed with "Too many connections", and running jobs lost their
     leases. Here three ends wait while a fourth job, running, needs its lease renewed."""
-    settings = {
-        "TOKENRELAY_REDIS_SENTINELS": group.sentinels,
-        "TOKENRELAY_REDIS_SENTINEL_MASTER": SERVICE,
+    settings = _following(group) | {
         "TOKENRELAY_REDIS_MIN_REPLICAS": "1",
         "TOKENRELAY_LEASE_TTL_S": "3",
         "TOKENRELAY_WORKER_CONCURRENCY": "4",
