@@ -30,12 +30,16 @@ log = logging.getLogger(__name__)
 REPLICA_WAIT_TIMEOUT_MS = 1000
 
 
-async def _wait_for_replicas(state: AppState) -> None:
+async def _wait_for_replicas(state: AppState, moves: int) -> None:
     """Return once `TOKENRELAY_REDIS_MIN_REPLICAS` replicas hold this admission's writes.
 
     WAIT covers the writes of its own connection: a write on the same connection just
     before it, after the admission's writes (ADMIT, the webhook fields, the enqueue) had all
-    completed, stands for all of them (replication is one ordered stream)."""
+    completed, stands for all of them (replication is one ordered stream), as long as they
+    all reached its server. They run on three clients: `moves` is the connector's count of
+    primary moves before the first of them, and an admission across a move is refused (its
+    first writes may have reached the old primary, and the new one's replicas acknowledge
+    only what the new one took)."""
     wanted = state.settings.redis_min_replicas
     async with state.redis.pipeline(transaction=False) as pipe:
         pipe.incr(keys.replication_mark())
@@ -46,6 +50,8 @@ async def _wait_for_replicas(state: AppState) -> None:
             f"only {acknowledged} of {wanted} Redis replicas acknowledged the admission "
             f"within {REPLICA_WAIT_TIMEOUT_MS} ms"
         )
+    if state.connector.primary_moves() != moves:
+        raise RedisUnavailable("the Redis primary changed during the admission")
 
 
 async def submit(
@@ -65,6 +71,7 @@ async def submit(
     settings = state.settings
     request_log.note_generation(caller.owner, request)
     await state.prompt_fit.check(request, truncating=state.settings.truncate_messages)
+    moves = state.connector.primary_moves()
     admit = scripts.admit(
         settings,
         job_id,
@@ -92,7 +99,7 @@ async def submit(
             priority or caller.priority,
         )
         if settings.redis_min_replicas:
-            await _wait_for_replicas(state)
+            await _wait_for_replicas(state, moves)
     except Exception as exc:
         log.warning("enqueue of admitted job %s failed: %s", job_id, exc)
         error = Error(

@@ -97,6 +97,8 @@ class _SyncSentinel(redis.sentinel.Sentinel):
         self._pools: weakref.WeakSet[redis.sentinel.SentinelConnectionPool] = weakref.WeakSet()
         self._primary: Address | None = None
         self._lock = threading.Lock()
+        self.moves = 0
+        """How often the primary changed from one it had found (the first find is no move)."""
 
     def follow(self, client: redis.Redis) -> None:
         """Move `client`'s pool with the others (`master_for` made it)."""
@@ -106,7 +108,9 @@ class _SyncSentinel(redis.sentinel.Sentinel):
     def discover_master(self, service_name: str) -> Address:
         address: Address = super().discover_master(service_name)
         with self._lock:
-            moved, self._primary = address != self._primary, address
+            moved, before, self._primary = address != self._primary, self._primary, address
+            if moved and before is not None:
+                self.moves += 1
         if moved:
             for pool in list(self._pools):
                 pool.get_master_address()  # closes its idle connections to the old primary
@@ -135,6 +139,7 @@ class _AsyncSentinel(redis.asyncio.sentinel.Sentinel):
         super().__init__(*args, **kwargs)
         self._pools: weakref.WeakSet[_AsyncSentinelPool] = weakref.WeakSet()
         self._primary: Address | None = None
+        self.moves = 0
 
     def follow(self, client: redis.asyncio.Redis) -> None:
         """Move `client`'s pool with the others (`master_for` made it)."""
@@ -143,7 +148,9 @@ class _AsyncSentinel(redis.asyncio.sentinel.Sentinel):
 
     async def discover_master(self, service_name: str) -> Address:
         address: Address = await super().discover_master(service_name)
-        moved, self._primary = address != self._primary, address
+        moved, before, self._primary = address != self._primary, self._primary, address
+        if moved and before is not None:
+            self.moves += 1
         if moved:
             for pool in list(self._pools):
                 await pool.get_master_address()
@@ -210,6 +217,13 @@ class RedisConnector:
         if self._sync_sentinel is None:
             return False
         return self._sync_sentinel.primary_moved(self._settings.redis_sentinel_master)
+
+    def primary_moves(self) -> int:
+        """How often this process's clients moved to a new primary (0 without Sentinel): a
+        write and its `WAIT` made while this did not change reached one server."""
+        if self._sync_sentinel is None or self._async_sentinel is None:
+            return 0
+        return self._sync_sentinel.moves + self._async_sentinel.moves
 
     def primary_address(self) -> Address | None:
         """The server the sentinels name as the primary now, moving this process's sync

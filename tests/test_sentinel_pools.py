@@ -15,6 +15,7 @@ import contextlib
 import threading
 import time
 from collections.abc import Iterator
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
@@ -22,8 +23,10 @@ import redis
 import redis.asyncio
 import redis.sentinel
 
+from tokenrelay.api import job_control
 from tokenrelay.cli.embedded_sentinel import SERVICE, EmbeddedSentinel
 from tokenrelay.cli.harness import eventually
+from tokenrelay.shared.errors import RedisUnavailable
 from tokenrelay.shared.redis_connect import PRIMARY_CHECK_S, Address, RedisConnector
 from tokenrelay.shared.settings import Settings
 from tokenrelay.worker.failover_guard import PROMOTION_WINDOW_S, FailoverGuard
@@ -193,11 +196,13 @@ async def test_an_api_process_moves_within_a_check_of_the_promotion(
     watch = asyncio.create_task(connector.follow_primary_async())
     try:
         assert await _async_port(requests) == _port(rq_connection) == old
+        assert connector.primary_moves() == 0, "finding the first primary is no move"
         new = await asyncio.to_thread(_failover, group)
         deadline = time.monotonic() + 3 * PRIMARY_CHECK_S
         while await _async_port(requests) != new or _port(rq_connection) != new:
             assert time.monotonic() < deadline, "a client still reaches the old primary"
             await asyncio.sleep(0.1)
+        assert connector.primary_moves() > 0
         assert _still_primary(old), "the old primary was reconfigured: nothing was shown"
     finally:
         watch.cancel()
@@ -206,3 +211,26 @@ async def test_an_api_process_moves_within_a_check_of_the_promotion(
         await requests.aclose()
         rq_connection.close()
         await connector.aclose()
+
+
+async def test_an_admission_across_a_primary_move_is_refused_though_acknowledged(
+    group: EmbeddedSentinel,
+) -> None:
+    """An admission's writes run on three clients (ADMIT, the webhook fields, RQ's enqueue)
+    and its `WAIT` on a fourth. With two replicas, the new primary keeps one: a `WAIT` made
+    there after a move is acknowledged though the first writes reached the old primary, and
+    that accepted job would be lost. So an admission across a move is refused, whatever the
+    `WAIT` said; one without a move is admitted once acknowledged."""
+    settings = _settings(group).model_copy(update={"redis_min_replicas": 1})
+    client = redis.asyncio.Redis.from_url(group.url)
+    moves = [0]
+    state = SimpleNamespace(
+        settings=settings, redis=client, connector=SimpleNamespace(primary_moves=lambda: moves[0])
+    )
+    try:
+        await job_control._wait_for_replicas(state, 0)  # type: ignore[arg-type]
+        moves[0] = 1
+        with pytest.raises(RedisUnavailable, match="primary changed during the admission"):
+            await job_control._wait_for_replicas(state, 0)  # type: ignore[arg-type]
+    finally:
+        await client.aclose()
