@@ -89,16 +89,30 @@ def _sentinel_kwargs(settings: Settings) -> dict[str, Any]:
     }
 
 
+class _PrimaryRecord:
+    """The primary a process's sentinels last named, and how often they named a new one."""
+
+    def __init__(self) -> None:
+        self._primary: Address | None = None
+        self.moves = 0
+        """How often the primary changed from one it had found (the first find is no move)."""
+
+    def found(self, address: Address) -> bool:
+        """Record the primary the sentinels named; True if it is another than the last."""
+        moved, before, self._primary = address != self._primary, self._primary, address
+        if moved and before is not None:
+            self.moves += 1
+        return moved
+
+
 class _SyncSentinel(redis.sentinel.Sentinel):
     """Sentinels whose primary pools move together when one of them finds a new primary."""
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self._pools: weakref.WeakSet[redis.sentinel.SentinelConnectionPool] = weakref.WeakSet()
-        self._primary: Address | None = None
+        self.record = _PrimaryRecord()
         self._lock = threading.Lock()
-        self.moves = 0
-        """How often the primary changed from one it had found (the first find is no move)."""
 
     def follow(self, client: redis.Redis) -> None:
         """Move `client`'s pool with the others (`master_for` made it)."""
@@ -108,9 +122,7 @@ class _SyncSentinel(redis.sentinel.Sentinel):
     def discover_master(self, service_name: str) -> Address:
         address: Address = super().discover_master(service_name)
         with self._lock:
-            moved, before, self._primary = address != self._primary, self._primary, address
-            if moved and before is not None:
-                self.moves += 1
+            moved = self.record.found(address)
         if moved:
             for pool in list(self._pools):
                 pool.get_master_address()  # closes its idle connections to the old primary
@@ -118,8 +130,9 @@ class _SyncSentinel(redis.sentinel.Sentinel):
 
     def primary_moved(self, service_name: str) -> bool:
         """Ask the sentinels now; True if they name another primary than they last did."""
-        before = self._primary
-        return before is not None and self.discover_master(service_name) != before
+        before = self.record.moves
+        self.discover_master(service_name)
+        return self.record.moves != before
 
 
 class _AsyncSentinelPool(redis.asyncio.sentinel.SentinelConnectionPool):
@@ -138,8 +151,7 @@ class _AsyncSentinel(redis.asyncio.sentinel.Sentinel):
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self._pools: weakref.WeakSet[_AsyncSentinelPool] = weakref.WeakSet()
-        self._primary: Address | None = None
-        self.moves = 0
+        self.record = _PrimaryRecord()
 
     def follow(self, client: redis.asyncio.Redis) -> None:
         """Move `client`'s pool with the others (`master_for` made it)."""
@@ -148,10 +160,7 @@ class _AsyncSentinel(redis.asyncio.sentinel.Sentinel):
 
     async def discover_master(self, service_name: str) -> Address:
         address: Address = await super().discover_master(service_name)
-        moved, before, self._primary = address != self._primary, self._primary, address
-        if moved and before is not None:
-            self.moves += 1
-        if moved:
+        if self.record.found(address):
             for pool in list(self._pools):
                 await pool.get_master_address()
         return address
@@ -223,7 +232,7 @@ class RedisConnector:
         write and its `WAIT` made while this did not change reached one server."""
         if self._sync_sentinel is None or self._async_sentinel is None:
             return 0
-        return self._sync_sentinel.moves + self._async_sentinel.moves
+        return self._sync_sentinel.record.moves + self._async_sentinel.record.moves
 
     def primary_address(self) -> Address | None:
         """The server the sentinels name as the primary now, moving this process's sync
