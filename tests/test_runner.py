@@ -20,7 +20,7 @@ from tokenrelay.shared.scripts import ScriptCall
 from tokenrelay.shared.settings import Settings
 from tokenrelay.worker.active_jobs import ActiveJobs, StopReason
 from tokenrelay.worker.batcher import Batcher, BatchJob
-from tokenrelay.worker.engine import SamplingParams, TokenOutput
+from tokenrelay.worker.engine import ModelLoadError, SamplingParams, TokenOutput
 from tokenrelay.worker.failover_guard import FailoverGuard
 from tokenrelay.worker.runner import JobRunner
 
@@ -137,7 +137,7 @@ def runner_for(
     batchers: list[Batcher] = []
 
     def make(engine: ScriptedEngine) -> JobRunner:
-        batcher = CountingBatcher(engine, run, settings, active)
+        batcher = CountingBatcher(lambda: engine, run, settings, active)
         batcher.start()
         batchers.append(batcher)
         return JobRunner(engine, batcher, run, settings, "w", active, guard(settings, sync_redis))
@@ -289,6 +289,46 @@ def test_jobs_share_steps_and_each_step_is_one_round_trip(
     assert max(run.emits) == 4
 
 
+def test_the_batcher_builds_its_engine_on_the_thread_that_steps_it(
+    redis_url: str, sync_redis: redis.Redis, parts: tuple[CountingScripts, ActiveJobs]
+) -> None:
+    """One thread runs all of the engine's torch work, so torch's OpenMP threads form one
+    pool (a second pool made libgomp sleep between parallel regions: bench/README.md)."""
+    run, active = parts
+    settings = Settings(redis_url=redis_url, flush_interval_ms=0)
+    admit(run, settings, "j")
+    threads: dict[str, int] = {}
+
+    def build() -> ScriptedEngine:
+        threads["build"] = threading.get_ident()
+        return ScriptedEngine(
+            {"j": "ok"}, on_step=lambda _: threads.setdefault("step", threading.get_ident())
+        )
+
+    batcher = Batcher(build, run, settings, active)
+    engine = batcher.start()
+    try:
+        JobRunner(
+            engine, batcher, run, settings, "w", active, guard(settings, sync_redis)
+        ).generate("j", request())
+    finally:
+        batcher.stop()
+    assert threads["build"] == threads["step"] != threading.get_ident()
+
+
+def test_an_engine_that_cannot_be_built_fails_the_batchers_start(
+    settings: Settings, parts: tuple[CountingScripts, ActiveJobs]
+) -> None:
+    run, active = parts
+
+    def build() -> ScriptedEngine:
+        raise ModelLoadError("no such model")
+
+    batcher = Batcher(build, run, settings, active)
+    with pytest.raises(ModelLoadError, match="no such model"):
+        batcher.start()
+
+
 def test_flush_interval_coalesces_tokens_into_fewer_events(
     redis_url: str, sync_redis: redis.Redis, parts: tuple[CountingScripts, ActiveJobs]
 ) -> None:
@@ -296,7 +336,7 @@ def test_flush_interval_coalesces_tokens_into_fewer_events(
     settings = Settings(redis_url=redis_url, flush_interval_ms=60_000)
     admit(run, settings, "j")
     engine = ScriptedEngine({"j": "coalesce me please"})
-    batcher = Batcher(engine, run, settings, active)
+    batcher = Batcher(lambda: engine, run, settings, active)
     batcher.start()
     try:
         JobRunner(
@@ -317,7 +357,7 @@ def test_flush_interval_never_drops_the_tokens_it_held_when_a_job_is_cancelled(
     admit(run, settings, "j")
 
     engine = ScriptedEngine({"j": "abcdefghij"}, on_step=cancel_at_step_4(run, settings, active))
-    batcher = Batcher(engine, run, settings, active)
+    batcher = Batcher(lambda: engine, run, settings, active)
     batcher.start()
     try:
         outcome = JobRunner(
@@ -361,7 +401,7 @@ def test_events_and_finish_survive_redis_errors_each_applied_once(
     text = "every token reaches the log once"
     engine = ScriptedEngine({"j": text})
     admit(run, settings, "j")
-    batcher = Batcher(engine, run, settings, active)
+    batcher = Batcher(lambda: engine, run, settings, active)
     batcher.start()
     try:
         status = JobRunner(
@@ -396,7 +436,7 @@ def test_events_redis_lost_after_acknowledging_them_are_sent_again(
 
     engine = ScriptedEngine({"j": text}, on_step=forget_tail)
     admit(run, settings, "j")
-    batcher = Batcher(engine, run, settings, active)
+    batcher = Batcher(lambda: engine, run, settings, active)
     batcher.start()
     try:
         JobRunner(
@@ -495,7 +535,7 @@ def test_an_end_a_deposed_primary_took_is_made_again_with_the_events_it_lacked(
 
         engine = ScriptedEngine({"j": text}, on_step=take)
         admit(run, settings, "j")
-        batcher = Batcher(engine, run, settings, active)
+        batcher = Batcher(lambda: engine, run, settings, active)
         batcher.start()
         try:
             status = JobRunner(engine, batcher, run, settings, "w", active, guard).generate(
@@ -532,7 +572,7 @@ def test_truncation_drops_the_oldest_turns_only_when_the_setting_is_on(
     run, active = parts
     settings = settings.model_copy(update={"truncate_messages": truncate})
     engine = LongChatEngine({"j": "ok"})
-    batcher = Batcher(engine, run, settings, active)
+    batcher = Batcher(lambda: engine, run, settings, active)
     batcher.start()
     try:
         admit(run, settings, "j")
@@ -559,7 +599,7 @@ def test_a_token_plane_of_its_own_gets_the_log_and_text_and_the_control_redis_th
         plane = redis.Redis.from_url(plane_server.url, decode_responses=True)
         control, on_plane, active = SyncScripts(sync_redis), SyncScripts(plane), ActiveJobs()
         engine = ScriptedEngine({"j": "你好🚀"})
-        batcher = Batcher(engine, on_plane, split, active)
+        batcher = Batcher(lambda: engine, on_plane, split, active)
         batcher.start()
         try:
             admit(control, split, "j")

@@ -11,6 +11,12 @@ decoding goes on. A job that leaves the batch hands its log to its runner, which
 rest with its FINISH. With `TOKENRELAY_FLUSH_INTERVAL_MS` > 0, a job's text is held
 until that long after its previous chunk (the first chunk and the last are never held), so
 fast jobs send several tokens per event.
+
+The engine is built on the batcher's thread, the only thread that runs it: torch's OpenMP
+threads then form one pool. Built on another thread (the main one) and stepped here, the
+process holds two pools, more OpenMP threads than cores, and libgomp then sleeps at the end
+of every parallel region instead of spinning: a lone 0.5B decode step took 1.5x as long
+(bench/README.md, "Our engine's lone stream").
 """
 
 from __future__ import annotations
@@ -20,6 +26,7 @@ import queue
 import threading
 import time
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Literal
 
@@ -69,10 +76,18 @@ class BatchJob:
 
 class Batcher:
     def __init__(
-        self, engine: Engine, plane_scripts: SyncScripts, settings: Settings, active: ActiveJobs
+        self,
+        build_engine: Callable[[], Engine],
+        plane_scripts: SyncScripts,
+        settings: Settings,
+        active: ActiveJobs,
     ) -> None:
-        """`plane_scripts` run on the token plane's Redis (EMIT)."""
-        self._engine = engine
+        """`build_engine` runs on the batcher's thread (`start`); `plane_scripts` run on the
+        token plane's Redis (EMIT)."""
+        self._build_engine = build_engine
+        self._engine: Engine
+        self._built = threading.Event()
+        self._build_error: BaseException | None = None
         self._courier = Courier(plane_scripts, settings, active)
         self._backoff = Backoff()
         self._settings = settings
@@ -82,10 +97,17 @@ class Batcher:
         self._running: dict[str, BatchJob] = {}
         self._used_tokens = 0
         self._stopping = threading.Event()
-        self._thread = threading.Thread(target=self._loop, name="batcher", daemon=True)
+        self._thread = threading.Thread(target=self._run, name="batcher", daemon=True)
 
-    def start(self) -> None:
+    def start(self) -> Engine:
+        """Build the engine on the batcher's thread, then decode there; returns the engine,
+        or raises what building it raised."""
         self._thread.start()
+        self._built.wait()
+        if self._build_error is not None:
+            self._thread.join()
+            raise self._build_error
+        return self._engine
 
     def stop(self) -> None:
         self._stopping.set()
@@ -93,6 +115,16 @@ class Batcher:
 
     def submit(self, job: BatchJob) -> None:
         self._inbox.put(job)
+
+    def _run(self) -> None:
+        try:
+            self._engine = self._build_engine()
+        except BaseException as exc:
+            self._build_error = exc
+            return
+        finally:
+            self._built.set()
+        self._loop()
 
     def _loop(self) -> None:
         while not self._stopping.is_set():

@@ -94,17 +94,6 @@ def run_worker(settings: Settings, *, demo: bool = False) -> int:
                 "served_model_name": settings.served_model_name or DEMO_MODEL_NAME,
             }
         )
-    try:
-        engine = build_engine(settings)
-    except ModelLoadError as exc:
-        print(
-            f"tokenrelay worker: {exc}\n"
-            "Set TOKENRELAY_MODEL to a local model directory or a reachable hub id, "
-            "or run `tokenrelay serve --demo` (or `tokenrelay worker --demo`) for an offline "
-            "demo with a tiny built-in model.",
-            file=sys.stderr,
-        )
-        return EXIT_MODEL_UNAVAILABLE
     name = f"tokenrelay-{uuid.uuid4().hex[:12]}"
     # Bounded pools: the job threads (up to `worker_concurrency`) share them, so a worker's
     # connections stay within twice `TOKENRELAY_WORKER_REDIS_POOL_SIZE` whatever it runs
@@ -130,7 +119,18 @@ def run_worker(settings: Settings, *, demo: bool = False) -> int:
     active = ActiveJobs()
     redis_scripts = SyncScripts(scripts_client)
     plane_scripts = redis_scripts if plane_client is None else SyncScripts(plane_client)
-    batcher = Batcher(engine, plane_scripts, settings, active)
+    batcher = Batcher(lambda: build_engine(settings), plane_scripts, settings, active)
+    try:
+        engine = batcher.start()
+    except ModelLoadError as exc:
+        print(
+            f"tokenrelay worker: {exc}\n"
+            "Set TOKENRELAY_MODEL to a local model directory or a reachable hub id, "
+            "or run `tokenrelay serve --demo` (or `tokenrelay worker --demo`) for an offline "
+            "demo with a tiny built-in model.",
+            file=sys.stderr,
+        )
+        return EXIT_MODEL_UNAVAILABLE
     # With MIN_REPLICAS each job thread holds a connection while a replica acknowledges its
     # START or FINISH (`FailoverGuard`): a pool of their own, so that lease renewals and
     # events never wait for one.
@@ -167,7 +167,6 @@ def run_worker(settings: Settings, *, demo: bool = False) -> int:
         target=connector.follow_primary, args=(following,), name="primary-watch", daemon=True
     )
     keeper.start()
-    batcher.start()
     watch.start()
     log.info(
         "worker %s serving %s on %s, up to %d jobs at once",

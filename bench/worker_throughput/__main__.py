@@ -7,7 +7,7 @@ lengths are equal) through
       `TextIteratorStreamer`;
   (c) `transformers serve --continuous-batching` (explicit `--cb-*` flags), over HTTP;
   (d) tokenrelay: HTTP → admission → RQ → one worker → SSE, through a real Redis;
-then a staggered-arrival run (a new request every `--stagger-ms`) on (d) and (c), and a
+then a staggered-arrival run (a new request every `--stagger-ms`) on each server mode, and a
 py-spy profile of the worker's step loop. The runs of all modes are interleaved, so load
 from other processes on the machine spreads over all of them.
 
@@ -364,12 +364,12 @@ class ShapeBench:
         return mode.run(self._chats(concurrency, f"{tag}-{attempt}"), self.args.new_tokens)
 
     def _run_staggered(self, servers: dict[str, StreamingServer]) -> None:
-        """(d), then (c), at each `--stagger-ms`: a new request every interval; each (d) job's
-        Redis timestamps split its TTFT into phases."""
+        """Each server mode run ((d), (e), (c), (f)), at each `--stagger-ms`: a new request
+        every interval; each tokenrelay job's Redis timestamps split its TTFT into phases."""
         if self.args.stagger_requests <= 0:
             return
         for interval_ms in self.args.stagger_ms:
-            for key in ("d", "c"):
+            for key in ("d", "e", "c", "f"):
                 if key not in servers:
                     continue
                 server = servers[key]

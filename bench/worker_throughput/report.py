@@ -100,9 +100,9 @@ class ShapeReport:
             return None
         return ours.tokens_per_s / base.tokens_per_s
 
-    @property
-    def lone_ttft_s(self) -> float | None:
-        cell = self.cells.get(("d", 1))
+    def lone_ttft_s(self, mode: str = "d") -> float | None:
+        """`mode`'s TTFT p50 at concurrency 1."""
+        cell = self.cells.get((mode, 1))
         return cell.ttft_p50_s if cell else None
 
     def to_json(self) -> dict:
@@ -213,15 +213,15 @@ def _vllm_table(reports: list[ShapeReport], concurrencies: list[int]) -> list[st
 def _stagger_table(reports: list[ShapeReport]) -> list[str]:
     lines = [
         "Staggered arrivals (a new request every interval; mid-batch = arrived while an "
-        "earlier one was still streaming; lone = TTFT p50 of (d) at concurrency 1):",
+        "earlier one was still streaming; lone = TTFT p50 of the same mode at concurrency 1):",
         "",
         "| shape | mode | requests | every ms | mid-batch | mid TTFT p50 s | mid TTFT p99 s "
         "| first TTFT s | lone TTFT s | mid p50 / lone | tok/s |",
         "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for report in reports:
-        lone = report.lone_ttft_s
         for s in report.staggers:
+            lone = report.lone_ttft_s(s.mode)
             ratio = f"{s.mid_ttft_p50_s / lone:.2f}x" if lone and s.mid_batch else "—"
             lines.append(
                 f"| {report.shape} | ({s.mode}) | {s.requests} | {s.interval_ms:.0f} | "
@@ -257,7 +257,7 @@ def _targets(reports: list[ShapeReport], stagger_ms: float | None) -> list[str]:
     stagger = next(
         (s for s in report.staggers if s.mode == "d" and s.interval_ms == stagger_ms), None
     )
-    lone = report.lone_ttft_s
+    lone = report.lone_ttft_s()
     if stagger and lone and stagger.mid_batch:
         ratio = stagger.mid_ttft_p50_s / lone
         figures = f"mid-batch {stagger.mid_ttft_p50_s:.2f} s vs lone {lone:.2f} s"
