@@ -43,6 +43,7 @@ from bench.worker_throughput.inprocess import (
     run_threaded,
     sampling_defaults,
 )
+from bench.worker_throughput.limits import measure_limits
 from bench.worker_throughput.profile import py_spy, record_during, summarize
 from bench.worker_throughput.report import (
     DEFAULT_MODES,
@@ -216,6 +217,9 @@ class ShapeBench:
             log(f"{self.shape}: warming up ({mode.key})")
             mode.run(self._chats(min(8, max(self.args.concurrency)), f"warm-{mode.key}"), 8)
         self._run_cells(modes)
+        if self.shape == TARGET_SHAPE:
+            self._wait_for_quiet()
+            self.report.limits = measure_limits(self.report.dtype)
         servers = {mode.key: mode.server for mode in modes if mode.server is not None}
         self._run_staggered(servers)
         self._run_profiles(servers)
@@ -242,6 +246,7 @@ class ShapeBench:
                 log(f"{label} failed: {type(exc).__name__}: {exc}")
                 self.report.failures.append(f"{label}: {type(exc).__name__}: {exc}")
                 continue
+            self.report.loads.append(os.getloadavg()[0])
             if best is None or result.foreign_cpu < best.foreign_cpu:
                 best = result
             if result.foreign_cpu <= self.args.max_others:

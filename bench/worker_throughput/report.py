@@ -13,6 +13,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from bench.worker_throughput.dtype_probe import DtypeProbe
+from bench.worker_throughput.limits import Limits
 from bench.worker_throughput.profile import StepProfile
 from bench.worker_throughput.stats import CellSummary, RequestTiming, RunResult, percentile
 
@@ -91,6 +92,9 @@ class ShapeReport:
     failures: list[str] = field(default_factory=list)
     #: How (c) and (d) were configured, one line each.
     setup: list[str] = field(default_factory=list)
+    #: The 1-minute load average after each measured run.
+    loads: list[float] = field(default_factory=list)
+    limits: Limits | None = None
 
     def ratio(self, concurrency: int, over: str, ours_mode: str = "d") -> float | None:
         """tokens/s of `ours_mode` (default (d)) over mode `over` at `concurrency`."""
@@ -119,6 +123,8 @@ class ShapeReport:
             "process_cpu": [asdict(u) for u in self.process_cpu],
             "failures": self.failures,
             "setup": self.setup,
+            "loads": self.loads,
+            "limits": asdict(self.limits) if self.limits else None,
         }
 
 
@@ -156,9 +162,19 @@ def render(reports: list[ShapeReport], args: argparse.Namespace) -> str:
                     f"{concurrency} | {cell.tokens_per_s:.1f} | {cell.ttft_p50_s:.2f} | "
                     f"{cell.ttft_p99_s:.2f} | {cell.runs} | {cell.foreign_cpu:.0%} |"
                 )
+    for report in reports:
+        if report.loads:
+            lines += [
+                "",
+                f"{report.shape}: load average (1 min) after each run "
+                f"{min(report.loads):.1f}-{max(report.loads):.1f}.",
+            ]
+        if report.limits:
+            lines += ["", report.limits.line(_dtype(report.dtype))]
     lines += ["", *_ratio_table(reports, concurrencies)]
     if any(key in ("e", "f") for report in reports for key, _ in report.cells):
         lines += ["", *_vllm_table(reports, concurrencies)]
+    lines += _lone_stream_lines(reports)
     lines += ["", *_stagger_table(reports)]
     lines += ["", *_targets(reports, args.stagger_ms[0] if args.stagger_ms else None)]
     for report in reports:
@@ -207,6 +223,27 @@ def _vllm_table(reports: list[ShapeReport], concurrencies: list[int]) -> list[st
             ours, peer = report.cells.get(("e", concurrency)), report.cells.get(("f", concurrency))
             gap = f"{(ours.ttft_p50_s - peer.ttft_p50_s) * 1000:+.0f}" if ours and peer else "—"
             lines.append(f"| {report.shape} | {concurrency} | {cells} | {gap} |")
+    return lines
+
+
+def _lone_stream_lines(reports: list[ShapeReport]) -> list[str]:
+    """Issue 18's lone-stream targets: (d) against `vllm serve` (f) at concurrency 1."""
+    lines: list[str] = []
+    for report in reports:
+        ours, peer = report.cells.get(("d", 1)), report.cells.get(("f", 1))
+        if ours is None or peer is None:
+            continue
+        speed = ours.tokens_per_s / peer.tokens_per_s
+        ttft = ours.ttft_p50_s / peer.ttft_p50_s
+        figures = f"(d) {ours.tokens_per_s:.1f} vs (f) {peer.tokens_per_s:.1f} tok/s"
+        times = f"(d) {ours.ttft_p50_s:.2f} vs (f) {peer.ttft_p50_s:.2f} s"
+        lines += [
+            "",
+            f"A lone stream, our engine (d) against `vllm serve` (f), {report.shape}, same run:",
+            "",
+            _verdict("decode ≥ 1.0x (f)", speed, speed >= 1.0, speed - 1, figures),
+            _verdict("TTFT p50 ≤ 1.2x (f)", ttft, ttft <= 1.2, ttft / 1.2 - 1, times),
+        ]
     return lines
 
 
