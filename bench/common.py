@@ -1,13 +1,12 @@
-"""What more than one benchmark uses: the progress log, the model checkpoints, the prompts and
-a pub/sub subscriber that drains what Redis publishes.
+"""What more than one benchmark uses: the progress log, the model checkpoints, the prompts, a
+best-of timer and a pub/sub subscriber that drains what Redis publishes.
 
 Models are random-weight Qwen2 checkpoints from `tokenrelay.worker.tiny_model`, built once
 into a cache folder. The "qwen2-0.5b" shape keeps Qwen2-0.5B-Instruct's 151,936 embedding
-rows, but its benchmark tokenizer knows only ~1,250 tokens: with random weights, ~99% of
-sampled ids then decode to nothing, and a stream never shows text. The benchmark copy
-therefore zeroes the embedding rows past the tokenizer (tied to the output head, so their
-logits are 0 and never reach the top 20). Shapes and compute stay exactly those of
-Qwen2-0.5B-Instruct.
+rows and gets Qwen's real tokenizer (151,643 tokens); the benchmark copy zeroes the few
+embedding rows past the tokenizer (tied to the output head, so their logits are 0 and never
+reach the top 20), so every sampled id decodes to text. Shapes and compute stay exactly
+those of Qwen2-0.5B-Instruct.
 """
 
 from __future__ import annotations
@@ -17,6 +16,7 @@ import socket
 import sys
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -29,6 +29,16 @@ _TEXT = (
     "你好，世界！今天天气很好，我们一起去公园散步吧。Numbers: 0 1 2 3 42 100 2024 3.14159."  # noqa: RUF001
 )
 _WORDS = _TEXT.split()
+
+
+def best_of(work: Callable[[], object], repeats: int = 5) -> float:
+    """The least wall time `work()` took over `repeats` calls, in seconds."""
+    times = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        work()
+        times.append(time.perf_counter() - start)
+    return min(times)
 
 
 def log(message: str) -> None:

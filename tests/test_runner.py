@@ -147,6 +147,24 @@ def runner_for(
         batcher.stop()
 
 
+def generate_alone(
+    build: Callable[[], ScriptedEngine],
+    run: SyncScripts,
+    settings: Settings,
+    active: ActiveJobs,
+    client: redis.Redis,
+) -> None:
+    """Run job "j" to its end on a batcher of its own, whose engine `build` makes."""
+    batcher = Batcher(build, run, settings, active)
+    engine = batcher.start()
+    try:
+        JobRunner(engine, batcher, run, settings, "w", active, guard(settings, client)).generate(
+            "j", request()
+        )
+    finally:
+        batcher.stop()
+
+
 def guard(settings: Settings, client: redis.Redis) -> FailoverGuard:
     """No Sentinel: no primary is named."""
     return FailoverGuard(settings, client, lambda: None)
@@ -305,14 +323,7 @@ def test_the_batcher_builds_its_engine_on_the_thread_that_steps_it(
             {"j": "ok"}, on_step=lambda _: threads.setdefault("step", threading.get_ident())
         )
 
-    batcher = Batcher(build, run, settings, active)
-    engine = batcher.start()
-    try:
-        JobRunner(
-            engine, batcher, run, settings, "w", active, guard(settings, sync_redis)
-        ).generate("j", request())
-    finally:
-        batcher.stop()
+    generate_alone(build, run, settings, active, sync_redis)
     assert threads["build"] == threads["step"] != threading.get_ident()
 
 
@@ -336,14 +347,7 @@ def test_flush_interval_coalesces_tokens_into_fewer_events(
     settings = Settings(redis_url=redis_url, flush_interval_ms=60_000)
     admit(run, settings, "j")
     engine = ScriptedEngine({"j": "coalesce me please"})
-    batcher = Batcher(lambda: engine, run, settings, active)
-    batcher.start()
-    try:
-        JobRunner(
-            engine, batcher, run, settings, "w", active, guard(settings, sync_redis)
-        ).generate("j", request())
-    finally:
-        batcher.stop()
+    generate_alone(lambda: engine, run, settings, active, sync_redis)
     chunks = [e for e in events(sync_redis, "j") if e["type"] == "token"]
     assert [c["text"] for c in chunks] == ["c", "oalesce me please"]
     assert sum(c["tokens"] for c in chunks) == len("coalesce me please")

@@ -25,7 +25,7 @@ from typing import Any
 
 import torch
 
-from bench.common import ensure_model, log, make_conversations
+from bench.common import best_of, ensure_model, log, make_conversations
 from tokenrelay.shared.generation import ChatMessage
 from tokenrelay.worker.engine import SamplingParams
 from tokenrelay.worker.transformers_engine import TransformersEngine
@@ -129,26 +129,17 @@ def _limits(engines: dict[str, TransformersEngine]) -> str:
     step_bytes = sum(p.numel() * p.element_size() for p in weights)
     source = torch.ones(step_bytes // 8, dtype=torch.float32)  # a copy moves step_bytes
     target = torch.empty_like(source)
-    copy_s = _best(lambda: target.copy_(source))
+    copy_s = best_of(lambda: target.copy_(source))
     vectors = {p.shape[1]: torch.ones(1, p.shape[1], dtype=p.dtype) for p in weights}
     linear = torch.nn.functional.linear
     with torch.inference_mode():
-        gemv_s = _best(lambda: [linear(vectors[p.shape[1]], p) for p in weights])
+        gemv_s = best_of(lambda: [linear(vectors[p.shape[1]], p) for p in weights])
     copied = source.numel() * 4 * 2  # read and write
     return (
         f"Limits, same run: memory copy {copied / copy_s / 1e9:.1f} GB/s; one step's "
         f"matrix-vector products in {name} ({step_bytes / 1e9:.2f} GB of weights, embedding "
         f"included) {gemv_s * 1e3:.0f} ms = {step_bytes / gemv_s / 1e9:.1f} GB/s."
     )
-
-
-def _best(work: Any, repeats: int = 5) -> float:
-    times = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        work()
-        times.append(time.perf_counter() - start)
-    return min(times)
 
 
 if __name__ == "__main__":

@@ -4,11 +4,11 @@ step is a GEMM per linear), on the 0.5B shape's MLP weight in the run's dtype.""
 
 from __future__ import annotations
 
-import time
-from collections.abc import Callable
 from dataclasses import dataclass
 from functools import partial
 from typing import Any
+
+from bench.common import best_of
 
 #: Qwen2-0.5B's hidden and MLP sizes: `up_proj`'s weight.
 _HIDDEN, _INTERMEDIATE = 896, 4864
@@ -37,13 +37,13 @@ def measure_limits(dtype: str, rows: tuple[int, ...] = (1, 32, 256)) -> Limits:
 
     source = torch.ones(_COPY_BYTES // 4, dtype=torch.float32)
     target = torch.empty_like(source)
-    copy_s = _best(lambda: target.copy_(source))
+    copy_s = best_of(lambda: target.copy_(source))
     weight = torch.randn(_INTERMEDIATE, _HIDDEN, dtype=getattr(torch, dtype))
     gemm: dict[int, float] = {}
     with torch.inference_mode():
         for count in rows:
             inputs = torch.randn(count, _HIDDEN, dtype=weight.dtype)
-            seconds = _best(partial(_products, inputs, weight))
+            seconds = best_of(partial(_products, inputs, weight))
             gemm[count] = 20 * 2 * count * _HIDDEN * _INTERMEDIATE / seconds / 1e9
     return Limits(copy_gb_s=2 * _COPY_BYTES / copy_s / 1e9, gemm_gflop_s=gemm)
 
@@ -53,12 +53,3 @@ def _products(inputs: Any, weight: Any) -> None:
 
     for _ in range(20):
         torch.nn.functional.linear(inputs, weight)
-
-
-def _best(work: Callable[[], object], repeats: int = 5) -> float:
-    times = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        work()
-        times.append(time.perf_counter() - start)
-    return min(times)
