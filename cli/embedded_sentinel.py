@@ -52,34 +52,51 @@ class EmbeddedSentinel:
     def start(self) -> None:
         for server in self.servers:
             server.start()
-        for port in self.sentinel_ports:
-            conf = self._dir / f"sentinel-{port}.conf"
-            conf.write_text(
-                f"port {port}\nbind 127.0.0.1\ndir {self._dir}\n"
-                f"sentinel monitor {SERVICE} 127.0.0.1 {self.servers[0].port} {QUORUM}\n"
-                f"sentinel down-after-milliseconds {SERVICE} {self._down_after_ms}\n"
-                f"sentinel failover-timeout {SERVICE} {self._failover_timeout_ms}\n"
-            )
-            self._processes.append(
-                subprocess.Popen(
-                    [self._binary, str(conf), "--sentinel"],
-                    stdout=subprocess.DEVNULL,
-                    stderr=subprocess.DEVNULL,
-                )
-            )
-        self._wait(lambda: all(self._sees_replica(port) for port in self.sentinel_ports))
+        self._processes = [self._start_sentinel(port) for port in self.sentinel_ports]
+        self._wait(
+            self._settled, state=lambda: {port: self._view(port) for port in self.sentinel_ports}
+        )
         self._wait(lambda: self._replicated(self.servers[0].port))
+
+    def _start_sentinel(self, port: int) -> subprocess.Popen[bytes]:
+        conf = self._dir / f"sentinel-{port}.conf"
+        conf.write_text(
+            f"port {port}\nbind 127.0.0.1\ndir {self._dir}\n"
+            f"sentinel monitor {SERVICE} 127.0.0.1 {self.servers[0].port} {QUORUM}\n"
+            f"sentinel down-after-milliseconds {SERVICE} {self._down_after_ms}\n"
+            f"sentinel failover-timeout {SERVICE} {self._failover_timeout_ms}\n"
+        )
+        return subprocess.Popen(
+            [self._binary, str(conf), "--sentinel"],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
+
+    def _settled(self) -> bool:
+        """Whether every sentinel knows the replica and the other sentinels. A sentinel that
+        exited (its port, free when picked, was taken before it bound it: an outgoing
+        connection's ephemeral port, say) starts again on another port."""
+        for index, process in enumerate(self._processes):
+            if process.poll() is not None:
+                self.sentinel_ports[index] = free_port()
+                self._processes[index] = self._start_sentinel(self.sentinel_ports[index])
+        return all(self._view(port) == "settled" for port in self.sentinel_ports)
 
     def _sentinel(self, port: int) -> redis.Redis:
         return redis.Redis(host="127.0.0.1", port=port, socket_timeout=1, decode_responses=True)
 
-    def _sees_replica(self, port: int) -> bool:
+    def _view(self, port: int) -> str:
+        """ "settled" once the sentinel on `port` knows the replica and two other sentinels;
+        else what it knows, for the error that says the group did not settle."""
         try:
             with self._sentinel(port) as client:
                 state = client.sentinel_master(SERVICE)
-                return int(state["num-slaves"]) >= 1 and int(state["num-other-sentinels"]) >= 2
-        except (redis.RedisError, KeyError):
-            return False
+                replicas, others = int(state["num-slaves"]), int(state["num-other-sentinels"])
+        except (redis.RedisError, KeyError) as exc:
+            return repr(exc)
+        if replicas >= 1 and others >= 2:
+            return "settled"
+        return f"{replicas} replicas, {others} other sentinels"
 
     def primary_port(self) -> int:
         with self._sentinel(self.sentinel_ports[0]) as client:
@@ -116,12 +133,15 @@ class EmbeddedSentinel:
         return _asks(port, lambda client: client.execute_command("ROLE")[0] == b"master")
 
     @staticmethod
-    def _wait(condition: object, timeout_s: float = 30.0) -> None:
-        assert callable(condition)
+    def _wait(
+        condition: Callable[[], bool],
+        timeout_s: float = 30.0,
+        state: Callable[[], object] = lambda: "",
+    ) -> None:
         deadline = time.monotonic() + timeout_s
         while not condition():
             if time.monotonic() > deadline:
-                raise TimeoutError("the Sentinel group did not settle")
+                raise TimeoutError(f"the Sentinel group did not settle {state()}".rstrip())
             time.sleep(0.05)
 
     def stop(self) -> None:

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import socket
 import threading
 import time
 from collections.abc import Iterator
@@ -234,3 +235,17 @@ async def test_an_admission_across_a_primary_move_is_refused_though_acknowledged
             await job_control._wait_for_replicas(state, 0)  # type: ignore[arg-type]
     finally:
         await client.aclose()
+
+
+def test_a_sentinel_whose_port_was_taken_starts_again_on_another() -> None:
+    """A port free when the group picked it can be taken before the sentinel binds it (by an
+    outgoing connection's ephemeral port, say); the group then settled never (a CI failure)."""
+    group = EmbeddedSentinel()
+    taken = group.sentinel_ports[0]
+    with socket.socket() as holder:
+        holder.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        holder.bind(("127.0.0.1", taken))
+        holder.listen()
+        with group:
+            assert group.sentinel_ports[0] != taken
+            assert group.primary_port() == group.servers[0].port
