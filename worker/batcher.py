@@ -15,8 +15,8 @@ fast jobs send several tokens per event.
 The engine is built on the batcher's thread, the only thread that runs it: torch's OpenMP
 threads then form one pool. Built on another thread (the main one) and stepped here, the
 process holds two pools, more OpenMP threads than cores, and libgomp then sleeps at the end
-of every parallel region instead of spinning: a lone 0.5B decode step took 1.5x as long
-(bench/README.md, "Our engine's lone stream").
+of every parallel region instead of spinning: a lone 0.5B decode step took 1.1-1.5x as long
+(bench/README.md, "The worker's OpenMP pools").
 """
 
 from __future__ import annotations
