@@ -163,3 +163,21 @@ def test_bookkeeping_that_meets_a_redis_outage_is_retried_until_it_lands(
     assert StartedJobRegistry(queue=queue).count == 0
     assert connection.ttl("rq:job:j") > 0
     connection.close()
+
+
+def test_the_worker_beats_its_heartbeat_at_most_once_a_second_unless_asked_with_a_timeout(
+    redis_url: str,
+) -> None:
+    """RQ beats before and after every dequeue; at many jobs a second that was six commands a
+    job. The worker's key still lives far longer than a second between beats."""
+    connection = redis.Redis.from_url(redis_url)
+    worker = build_worker(connection, "beating", {}, model="m")
+    before = connection.info("commandstats").get("cmdstat_hset", {"calls": 0})["calls"]
+    for _ in range(6):
+        worker.heartbeat()
+    after = connection.info("commandstats")["cmdstat_hset"]["calls"]
+    assert after - before == 1
+    assert connection.ttl(worker.key) > 60
+    worker.heartbeat(timeout=30)
+    assert 0 < connection.ttl(worker.key) <= 30
+    connection.close()

@@ -38,6 +38,11 @@ RQ raises its connection's socket timeout to that plus 10 s: a primary that froz
 cut off (it never closes the connection) kept a worker blocked there for 7 minutes while
 the jobs queued on the new primary expired. With 5 s, the socket times out after 15 s and
 RQ's retry reconnects, through the sentinels, to whichever server is the primary now."""
+HEARTBEAT_EVERY_S = 1.0
+"""RQ beats the worker's heartbeat (three commands) before and after every dequeue: at many
+jobs a second, six of a job's ~70 RQ commands, three of them between taking the job and
+starting it. Its key lives `worker_ttl` + 60 s (480 s), so one beat a second at most is
+plenty; a beat RQ asks for with a timeout or inside a pipeline always goes through."""
 BOOKKEEPING_RETRY_S = 60.0
 """How long RQ's bookkeeping of a job that ended is retried while Redis is unreachable. A
 job that ended as Redis went down kept its `rq:job:` key without a TTL, in RQ's started
@@ -79,11 +84,19 @@ class ConcurrentWorker(SimpleWorker):
         on_stop_requested: Callable[[], None],
         **kwargs: Any,
     ) -> None:
+        self._last_beat_s = float("-inf")
         super().__init__(*args, **kwargs)
         self._slots = threading.BoundedSemaphore(concurrency)
         self._job_threads: set[threading.Thread] = set()
         self._on_stop_requested = on_stop_requested
         self._dequeuing = False
+
+    def heartbeat(self, timeout: int | None = None, pipeline: Any = None) -> None:
+        if timeout is None and pipeline is None:
+            if time.monotonic() - self._last_beat_s < HEARTBEAT_EVERY_S:
+                return
+            self._last_beat_s = time.monotonic()
+        super().heartbeat(timeout, pipeline)
 
     def dequeue_job_and_maintain_ttl(
         self, timeout: int | None, max_idle_time: int | None = None
