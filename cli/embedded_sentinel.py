@@ -86,8 +86,9 @@ class EmbeddedSentinel:
         return redis.Redis(host="127.0.0.1", port=port, socket_timeout=1, decode_responses=True)
 
     def _view(self, port: int) -> str:
-        """ "settled" once the sentinel on `port` knows the replica and two other sentinels;
-        else what it knows, for the error that says the group did not settle."""
+        """What the sentinel on `port` knows: "settled" once it knows the replica and two
+        other sentinels (else the counts, or the error, for the message of a group that
+        did not settle)."""
         try:
             with self._sentinel(port) as client:
                 state = client.sentinel_master(SERVICE)
@@ -136,12 +137,13 @@ class EmbeddedSentinel:
     def _wait(
         condition: Callable[[], bool],
         timeout_s: float = 30.0,
-        state: Callable[[], object] = lambda: "",
+        state: Callable[[], object] | None = None,
     ) -> None:
         deadline = time.monotonic() + timeout_s
         while not condition():
             if time.monotonic() > deadline:
-                raise TimeoutError(f"the Sentinel group did not settle {state()}".rstrip())
+                seen = f": {state()}" if state else ""
+                raise TimeoutError(f"the Sentinel group did not settle{seen}")
             time.sleep(0.05)
 
     def stop(self) -> None:

@@ -93,9 +93,10 @@ class ConcurrentWorker(SimpleWorker):
 
     def heartbeat(self, timeout: int | None = None, pipeline: Any = None) -> None:
         if timeout is None and pipeline is None:
-            if time.monotonic() - self._last_beat_s < HEARTBEAT_EVERY_S:
+            now_s = time.monotonic()
+            if now_s - self._last_beat_s < HEARTBEAT_EVERY_S:
                 return
-            self._last_beat_s = time.monotonic()
+            self._last_beat_s = now_s
         super().heartbeat(timeout, pipeline)
 
     def dequeue_job_and_maintain_ttl(

@@ -26,6 +26,7 @@ from typing import Any
 import torch
 
 from bench.common import best_of, ensure_model, log, make_conversations
+from bench.worker_throughput.limits import memory_copy_gb_s
 from tokenrelay.shared.generation import ChatMessage
 from tokenrelay.worker.engine import SamplingParams
 from tokenrelay.worker.transformers_engine import TransformersEngine
@@ -127,16 +128,12 @@ def _limits(engines: dict[str, TransformersEngine]) -> str:
         return "Limits: not measured (every variant's linears are packed)."
     weights = [p for p in engine.model.parameters() if p.dim() == 2]
     step_bytes = sum(p.numel() * p.element_size() for p in weights)
-    source = torch.ones(step_bytes // 8, dtype=torch.float32)  # a copy moves step_bytes
-    target = torch.empty_like(source)
-    copy_s = best_of(lambda: target.copy_(source))
     vectors = {p.shape[1]: torch.ones(1, p.shape[1], dtype=p.dtype) for p in weights}
     linear = torch.nn.functional.linear
     with torch.inference_mode():
         gemv_s = best_of(lambda: [linear(vectors[p.shape[1]], p) for p in weights])
-    copied = source.numel() * 4 * 2  # read and write
     return (
-        f"Limits, same run: memory copy {copied / copy_s / 1e9:.1f} GB/s; one step's "
+        f"Limits, same run: memory copy {memory_copy_gb_s(step_bytes):.1f} GB/s; one step's "
         f"matrix-vector products in {name} ({step_bytes / 1e9:.2f} GB of weights, embedding "
         f"included) {gemv_s * 1e3:.0f} ms = {step_bytes / gemv_s / 1e9:.1f} GB/s."
     )

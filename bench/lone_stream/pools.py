@@ -68,27 +68,21 @@ def main() -> int:
 def _child(model_dir: str, dtype: str, placement: str, new_tokens: int) -> dict:
     from bench.lone_stream.__main__ import _engine, _lone
 
-    built: dict = {}
-
-    def build() -> None:
-        built["engine"] = _engine(model_dir, dtype)
+    prebuilt = _engine(model_dir, dtype) if placement == "apart" else None
+    steps: list[float] = []
 
     def decode() -> None:
-        if "engine" not in built:
-            build()
-        engine = built["engine"]
+        engine = prebuilt or _engine(model_dir, dtype)
         chats = make_conversations(5, 128, "pools", engine.tokenizer)
         _lone(engine, chats[0], 4)  # warm-up
-        built["steps"] = [_lone(engine, chat, new_tokens)[1] for chat in chats[1:]]
+        steps.extend(_lone(engine, chat, new_tokens)[1] for chat in chats[1:])
 
-    if placement == "apart":
-        build()
     thread = threading.Thread(target=decode)
     thread.start()
     thread.join()
     usage = resource.getrusage(resource.RUSAGE_SELF)
     return {
-        "decode_ms": statistics.median(built["steps"]) * 1e3,
+        "decode_ms": statistics.median(steps) * 1e3,
         "voluntary_switches": usage.ru_nvcsw,
     }
 

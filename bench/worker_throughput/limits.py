@@ -32,12 +32,18 @@ class Limits:
         )
 
 
+def memory_copy_gb_s(moved_bytes: int) -> float:
+    """GB/s of a float32 copy that moves `moved_bytes` (read and write), best of 5."""
+    import torch
+
+    source = torch.ones(moved_bytes // 8, dtype=torch.float32)
+    target = torch.empty_like(source)
+    return source.numel() * 8 / best_of(lambda: target.copy_(source)) / 1e9
+
+
 def measure_limits(dtype: str, rows: tuple[int, ...] = (1, 32, 256)) -> Limits:
     import torch
 
-    source = torch.ones(_COPY_BYTES // 4, dtype=torch.float32)
-    target = torch.empty_like(source)
-    copy_s = best_of(lambda: target.copy_(source))
     weight = torch.randn(_INTERMEDIATE, _HIDDEN, dtype=getattr(torch, dtype))
     gemm: dict[int, float] = {}
     with torch.inference_mode():
@@ -45,7 +51,7 @@ def measure_limits(dtype: str, rows: tuple[int, ...] = (1, 32, 256)) -> Limits:
             inputs = torch.randn(count, _HIDDEN, dtype=weight.dtype)
             seconds = best_of(partial(_products, inputs, weight))
             gemm[count] = 20 * 2 * count * _HIDDEN * _INTERMEDIATE / seconds / 1e9
-    return Limits(copy_gb_s=2 * _COPY_BYTES / copy_s / 1e9, gemm_gflop_s=gemm)
+    return Limits(copy_gb_s=memory_copy_gb_s(2 * _COPY_BYTES), gemm_gflop_s=gemm)
 
 
 def _products(inputs: Any, weight: Any) -> None:
