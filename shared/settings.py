@@ -82,6 +82,7 @@ class Settings(BaseSettings):
     allow_synthetic_engine: bool = False
     synthetic_tokens_per_s: float = Field(default=20.0, gt=0)
     synthetic_first_token_ms: float = Field(default=0.0, ge=0)
+    synthetic_lockstep: bool = True
     log_prompts: bool = False
     truncate_messages: bool = False
     cache_dir: str = "~/.cache/tokenrelay"

@@ -41,3 +41,38 @@ def test_tokens_come_at_the_configured_rate_and_length() -> None:
     assert finished == {"a": "length", "b": "length"}
     assert elapsed >= 4 / 200
     assert engine.step() == []
+
+
+def _steps_until_done(engine: SyntheticEngine, expected: int) -> list[set[str]]:
+    """The sequences that got a token in each non-empty step, until `expected` finished."""
+    steps: list[set[str]] = []
+    finished = 0
+    deadline = time.monotonic() + 5
+    while finished < expected:
+        outputs = engine.step()
+        if outputs:
+            steps.append({output.seq_id for output in outputs})
+        finished += sum(1 for output in outputs if output.finish_reason)
+        assert time.monotonic() < deadline
+    return steps
+
+
+def test_in_lockstep_a_new_sequence_starts_at_once_then_decodes_with_the_batch() -> None:
+    engine = SyntheticEngine(tokens_per_s=20, first_token_ms=0)
+    engine.add("a", [1], params(4))
+    assert [output.seq_id for output in engine.step()] == ["a"]
+    engine.add("b", [1], params(4))
+    assert [output.seq_id for output in engine.step()] == ["b"]
+    steps = _steps_until_done(engine, 2)
+    assert steps == [{"a", "b"}] * 3
+
+
+def test_without_lockstep_each_sequence_keeps_its_own_phase() -> None:
+    engine = SyntheticEngine(tokens_per_s=20, first_token_ms=0, lockstep=False)
+    engine.add("a", [1], params(4))
+    assert [output.seq_id for output in engine.step()] == ["a"]
+    time.sleep(0.025)  # b's phase: half of the 50 ms interval behind a's
+    engine.add("b", [1], params(4))
+    assert [output.seq_id for output in engine.step()] == ["b"]
+    steps = _steps_until_done(engine, 2)
+    assert steps == [{"a"}, {"b"}] * 3

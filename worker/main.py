@@ -40,7 +40,11 @@ reconnects to the primary the sentinels name; 10 s above RQ's dequeue wait, as R
 def build_engine(settings: Settings) -> Engine:
     if settings.engine == "synthetic":
         log.warning("synthetic engine: tokens are placeholders, for benchmarks only")
-        return SyntheticEngine(settings.synthetic_tokens_per_s, settings.synthetic_first_token_ms)
+        return SyntheticEngine(
+            settings.synthetic_tokens_per_s,
+            settings.synthetic_first_token_ms,
+            settings.synthetic_lockstep,
+        )
     if settings.engine == "vllm":
         from tokenrelay.worker.vllm_engine import VllmEngine
 

@@ -1,10 +1,13 @@
 """A model-free engine for benchmarks: every sequence emits one token per
 `1 / TOKENRELAY_SYNTHETIC_TOKENS_PER_S` seconds after a first-token delay, through the same
 batcher, Redis and API path as a real model, so the plumbing can be measured apart from
-the model. Token `n` of a sequence has id `n`, so `stop_token_ids` end it there (the other
-sampling controls have no logits to act on), and each token's log probability is 0. Only
-runs when `TOKENRELAY_ENGINE=synthetic` and `TOKENRELAY_ALLOW_SYNTHETIC_ENGINE=1` are both
-set: it serves no real text.
+the model. In lockstep (the default) it decodes as a batched engine does: one step every
+interval gives every running sequence its next token, and a new sequence's first token
+comes from the first step after its delay; otherwise each sequence keeps its own phase.
+Token `n` of a sequence has id `n`, so `stop_token_ids` end it there (the other sampling
+controls have no logits to act on), and each token's log probability is 0. Only runs when
+`TOKENRELAY_ENGINE=synthetic` and `TOKENRELAY_ALLOW_SYNTHETIC_ENGINE=1` are both set: it
+serves no real text.
 """
 
 from __future__ import annotations
@@ -38,9 +41,11 @@ class SyntheticEngine:
     max_context_tokens = 1 << 20
     vocab_size = 1 << 20
 
-    def __init__(self, tokens_per_s: float, first_token_ms: float) -> None:
+    def __init__(self, tokens_per_s: float, first_token_ms: float, lockstep: bool = True) -> None:
         self._interval_s = 1.0 / tokens_per_s
         self._first_token_s = first_token_ms / 1000
+        self._lockstep = lockstep
+        self._next_tick = 0.0
         self._rows: dict[str, _Row] = {}
 
     def encode_chat(
@@ -85,12 +90,14 @@ class SyntheticEngine:
         if next_due > now:
             time.sleep(min(next_due - now, _MAX_SLEEP_S))
             now = time.monotonic()
+        if self._lockstep:
+            self._tick(now)
         outputs: list[TokenOutput] = []
         for seq_id, row in list(self._rows.items()):
             if row.next_due > now:
                 continue
             row.produced += 1
-            row.next_due += self._interval_s
+            row.next_due = self._next_tick if self._lockstep else row.next_due + self._interval_s
             if row.produced in row.params.stop_token_ids and row.produced > row.params.min_tokens:
                 outputs.append(TokenOutput(seq_id, None, "stop"))
                 del self._rows[seq_id]
@@ -101,3 +108,10 @@ class SyntheticEngine:
             if done:
                 del self._rows[seq_id]
         return outputs
+
+    def _tick(self, now: float) -> None:
+        """Move the batch's decode tick past `now`: a sequence's next token is due at it."""
+        if self._next_tick <= now:
+            self._next_tick += self._interval_s
+            if self._next_tick <= now:  # the batch was idle or fell behind
+                self._next_tick = now + self._interval_s

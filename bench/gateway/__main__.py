@@ -68,6 +68,7 @@ from bench.gateway.report import (
     main_table,
     phase_table,
     redis_table,
+    redis_time_table,
     write_json,
 )
 from tokenrelay.shared import keys
@@ -353,7 +354,8 @@ def main(argv: list[str] | None = None) -> int:
     print(setup, end="\n\n")
     print(main_table(rows), end="\n\n")
     print(phase_table(rows), end="\n\n")
-    print(redis_table(rows))
+    print(redis_table(rows), end="\n\n")
+    print(redis_time_table(rows))
     if options.json_path is not None:
         write_json(options.json_path, {"setup": setup}, rows)
     return 0

@@ -137,6 +137,7 @@ class Snapshot:
 
     at_s: float
     commands: Counter[str]
+    command_usec: Counter[str]
     redis_cpu_s: float
     net_in_bytes: int
     net_out_bytes: int
@@ -147,16 +148,11 @@ async def snapshot(client: redis.asyncio.Redis, processes: list[psutil.Process])
     at_s = time.perf_counter()
     cpu_s = {p.pid: cpu_seconds(p) for p in processes}
     info = await client.info("all")
-    commands = Counter(
-        {
-            name[len("cmdstat_") :]: int(v["calls"])
-            for name, v in info.items()
-            if name.startswith("cmdstat_")
-        }
-    )
+    stats = {name[len("cmdstat_") :]: v for name, v in info.items() if name.startswith("cmdstat_")}
     return Snapshot(
         at_s=at_s,
-        commands=commands,
+        commands=Counter({name: int(v["calls"]) for name, v in stats.items()}),
+        command_usec=Counter({name: int(v["usec"]) for name, v in stats.items()}),
         redis_cpu_s=float(info["used_cpu_sys"]) + float(info["used_cpu_user"]),
         net_in_bytes=int(info["total_net_input_bytes"]),
         net_out_bytes=int(info["total_net_output_bytes"]),
@@ -168,6 +164,9 @@ async def snapshot(client: redis.asyncio.Redis, processes: list[psutil.Process])
 class Delta:
     wall_s: float
     commands: Counter[str]
+    command_usec: Counter[str]
+    """Time inside each command; a script's includes the commands it calls, which count
+    again under their own names."""
     redis_cpu_s: float
     net_in_bytes: int
     net_out_bytes: int
@@ -177,11 +176,15 @@ class Delta:
     def between(cls, before: Snapshot, after: Snapshot) -> Delta:
         commands = after.commands.copy()
         commands.subtract(before.commands)
+        command_usec = after.command_usec.copy()
+        command_usec.subtract(before.command_usec)
         for name in PROBE_COMMANDS:
             commands.pop(name, None)
+            command_usec.pop(name, None)
         return cls(
             wall_s=after.at_s - before.at_s,
             commands=+commands,
+            command_usec=+command_usec,
             redis_cpu_s=after.redis_cpu_s - before.redis_cpu_s,
             net_in_bytes=after.net_in_bytes - before.net_in_bytes,
             net_out_bytes=after.net_out_bytes - before.net_out_bytes,

@@ -103,6 +103,9 @@ def figures(r: LevelResult) -> Figures:
         "calls_per_token": {
             name: calls / per_token for name, calls in r.delta.commands.most_common()
         },
+        "usec_per_token": {
+            name: usec / per_token for name, usec in r.delta.command_usec.most_common()
+        },
     }
     for name in PHASES:
         out[f"{name}_p50_ms"] = percentile(r.phases_ms.get(name, []), 50)
@@ -182,6 +185,22 @@ def redis_table(rows: list[Figures], top: int = 12) -> str:
             f"| {_pair(f, 'chunk_gap_p50_ms', 'chunk_gap_p99_ms')} "
             f"({f['tokens_per_chunk']:.1f}) |"
         )
+    return "\n".join(lines)
+
+
+def redis_time_table(rows: list[Figures], top: int = 10) -> str:
+    """Where Redis's CPU per token goes: time inside commands (a script's time includes the
+    commands it calls, which appear again under their own names) against the whole."""
+    lines = [
+        "| tok/s per stream | flush ms | streams | Redis CPU µs per token "
+        "| inside commands, by command (µs per token) |",
+        "|" + "---|" * 5,
+    ]
+    for f in rows:
+        usec = f["usec_per_token"]
+        assert isinstance(usec, dict)
+        parts = ", ".join(f"{name} {n:.1f}" for name, n in list(usec.items())[:top])
+        lines.append(_head(f) + f"| {f['redis_cpu_us_per_token']:.1f} | {parts} |")
     return "\n".join(lines)
 
 
