@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import threading
 import time
 
 import pytest
@@ -76,3 +77,15 @@ def test_without_lockstep_each_sequence_keeps_its_own_phase() -> None:
     assert [output.seq_id for output in engine.step()] == ["b"]
     steps = _steps_until_done(engine, 2)
     assert steps == [{"a"}, {"b"}] * 3
+
+
+def test_a_step_waiting_for_its_next_token_returns_when_a_job_arrives() -> None:
+    arrivals = threading.Event()
+    engine = SyntheticEngine(tokens_per_s=0.5, first_token_ms=0, arrivals=arrivals)
+    engine.add("a", [1], params(4))
+    assert [output.seq_id for output in engine.step()] == ["a"]
+    arrivals.set()  # as `Batcher.submit` does
+    started = time.monotonic()
+    assert engine.step() == []
+    assert time.monotonic() - started < 1.0  # a's next token is 2 s away
+    assert not arrivals.is_set()

@@ -81,10 +81,13 @@ class Batcher:
         plane_scripts: SyncScripts,
         settings: Settings,
         active: ActiveJobs,
+        arrivals: threading.Event | None = None,
     ) -> None:
         """`build_engine` runs on the batcher's thread (`start`); `plane_scripts` run on the
-        token plane's Redis (EMIT)."""
+        token plane's Redis (EMIT); `arrivals` is set whenever a job is submitted, for an
+        engine that waits between steps (the synthetic one)."""
         self._build_engine = build_engine
+        self._arrivals = arrivals or threading.Event()
         self._engine: Engine
         self._built = threading.Event()
         self._build_error: BaseException | None = None
@@ -115,6 +118,7 @@ class Batcher:
 
     def submit(self, job: BatchJob) -> None:
         self._inbox.put(job)
+        self._arrivals.set()
 
     def _run(self) -> None:
         try:

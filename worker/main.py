@@ -37,13 +37,15 @@ answering (a frozen or partitioned primary never closes the connection), and the
 reconnects to the primary the sentinels name; 10 s above RQ's dequeue wait, as RQ sets it."""
 
 
-def build_engine(settings: Settings) -> Engine:
+def build_engine(settings: Settings, arrivals: threading.Event) -> Engine:
+    """The engine `settings` name; `arrivals` is the batcher's (`Batcher.submit` sets it)."""
     if settings.engine == "synthetic":
         log.warning("synthetic engine: tokens are placeholders, for benchmarks only")
         return SyntheticEngine(
             settings.synthetic_tokens_per_s,
             settings.synthetic_first_token_ms,
             settings.synthetic_lockstep,
+            arrivals,
         )
     if settings.engine == "vllm":
         from tokenrelay.worker.vllm_engine import VllmEngine
@@ -123,7 +125,10 @@ def run_worker(settings: Settings, *, demo: bool = False) -> int:
     active = ActiveJobs()
     redis_scripts = SyncScripts(scripts_client)
     plane_scripts = redis_scripts if plane_client is None else SyncScripts(plane_client)
-    batcher = Batcher(lambda: build_engine(settings), plane_scripts, settings, active)
+    arrivals = threading.Event()
+    batcher = Batcher(
+        lambda: build_engine(settings, arrivals), plane_scripts, settings, active, arrivals
+    )
     try:
         engine = batcher.start()
     except ModelLoadError as exc:

@@ -12,6 +12,7 @@ serves no real text.
 
 from __future__ import annotations
 
+import threading
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -20,7 +21,6 @@ from tokenrelay.shared.errors import InvalidRequest
 from tokenrelay.shared.generation import ChatMessage, FunctionTool
 from tokenrelay.worker.engine import IncrementalDecoder, SamplingParams, TokenOutput
 
-_MAX_SLEEP_S = 0.002
 _VOCAB = ("lorem ", "ipsum ", "dolor ", "sit ", "amet ", "consectetur ", "adipiscing ", "elit ")
 
 
@@ -41,7 +41,16 @@ class SyntheticEngine:
     max_context_tokens = 1 << 20
     vocab_size = 1 << 20
 
-    def __init__(self, tokens_per_s: float, first_token_ms: float, lockstep: bool = True) -> None:
+    def __init__(
+        self,
+        tokens_per_s: float,
+        first_token_ms: float,
+        lockstep: bool = True,
+        arrivals: threading.Event | None = None,
+    ) -> None:
+        """`arrivals` is set when a job is submitted (`Batcher.arrivals`): a step waiting for
+        its next due token returns at once then, so the batcher adds the job now."""
+        self._arrivals = arrivals or threading.Event()
         self._interval_s = 1.0 / tokens_per_s
         self._first_token_s = first_token_ms / 1000
         self._lockstep = lockstep
@@ -82,13 +91,14 @@ class SyntheticEngine:
         self._rows.pop(seq_id, None)
 
     def step(self) -> list[TokenOutput]:
-        """Tokens of every sequence that is due; sleeps briefly when none is."""
+        """Tokens of every sequence that is due; waits for the next due one, or a new job."""
         if not self._rows:
             return []
         now = time.monotonic()
         next_due = min(row.next_due for row in self._rows.values())
         if next_due > now:
-            time.sleep(min(next_due - now, _MAX_SLEEP_S))
+            if self._arrivals.wait(next_due - now):
+                self._arrivals.clear()
             now = time.monotonic()
         if self._lockstep:
             self._tick(now)
