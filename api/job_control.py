@@ -19,8 +19,8 @@ from tokenrelay.shared.jobs import JobField, JobRecord, JobStatus, error_fields
 from tokenrelay.shared.rq_jobs import (
     JOB_ID_PATTERN,
     Priority,
-    enqueue_generation,
     fail_lost_jobs,
+    queued_job,
     remove_queued,
 )
 from tokenrelay.shared.token_plane import drain_outbox
@@ -34,12 +34,12 @@ async def _wait_for_replicas(state: AppState, moves: int) -> None:
     """Return once `TOKENRELAY_REDIS_MIN_REPLICAS` replicas hold this admission's writes.
 
     WAIT covers the writes of its own connection: a write on the same connection just
-    before it, after the admission's writes (ADMIT, the webhook fields, the enqueue) had all
-    completed, stands for all of them (replication is one ordered stream), as long as they
-    all reached its server. They run on three clients: `moves` is the connector's count of
-    primary moves before the first of them, and an admission across a move is refused (its
-    first writes may have reached the old primary, and the new one's replicas acknowledge
-    only what the new one took)."""
+    before it, after the admission's writes (ADMIT, then the webhook fields and the enqueue
+    in one transaction) had all completed, stands for all of them (replication is one ordered
+    stream), as long as they all reached its server. They may run on different connections:
+    `moves` is the connector's count of primary moves before the first of them, and an
+    admission across a move is refused (its first writes may have reached the old primary,
+    and the new one's replicas acknowledge only what the new one took)."""
     wanted = state.settings.redis_min_replicas
     async with state.redis.pipeline(transaction=False) as pipe:
         pipe.incr(keys.replication_mark())
@@ -87,17 +87,13 @@ async def submit(
         )
     scripts.check_admitted(reply)
     request_log.note_job(job_id)
+    queued = queued_job(state.rq_connection, settings, job_id, request, priority or caller.priority)
     try:
-        if webhook is not None:  # before the enqueue, so the worker's START already sees it
-            await state.redis.hset(keys.job(job_id), mapping=webhook.hash_fields())
-        await asyncio.to_thread(
-            enqueue_generation,
-            state.rq_connection,
-            settings,
-            job_id,
-            request,
-            priority or caller.priority,
-        )
+        async with state.redis.pipeline(transaction=True) as pipe:
+            if webhook is not None:  # with the enqueue, so the worker's START already sees it
+                pipe.hset(keys.job(job_id), mapping=webhook.hash_fields())
+            queued.write(pipe)
+            await pipe.execute()
         if settings.redis_min_replicas:
             await _wait_for_replicas(state, moves)
     except Exception as exc:

@@ -7,7 +7,8 @@ not an import path: workers only run the functions in their allow-list (`worker.
 from __future__ import annotations
 
 import re
-from typing import Literal
+from dataclasses import dataclass
+from typing import Any, Literal
 
 import redis
 from rq import Queue
@@ -16,6 +17,7 @@ from rq.job import Job
 from rq.job import JobStatus as RQJobStatus
 from rq.registry import FailedJobRegistry, StartedJobRegistry
 from rq.serializers import JSONSerializer
+from rq.utils import now
 
 from tokenrelay.shared import keys
 from tokenrelay.shared.generation import GenerationRequest
@@ -54,18 +56,40 @@ def queue_model(name: str) -> str | None:
     return None
 
 
-def enqueue_generation(
+@dataclass(frozen=True)
+class QueuedJob:
+    """What RQ's enqueue of a generation job writes, built without Redis (`queued_job`)."""
+
+    job_id: str
+    queue_key: str
+    job_key: str
+    fields: dict[str, Any]
+    ttl_s: int
+
+    def write(self, pipe: Any) -> None:
+        """Queue RQ's writes on `pipe`, a transaction of a sync or an asyncio client: the
+        queue in RQ's set of queues, the job's hash with its TTL, its id at the queue's end."""
+        pipe.sadd(Queue.redis_queues_keys, self.queue_key)
+        pipe.hset(self.job_key, mapping=self.fields)
+        pipe.expire(self.job_key, self.ttl_s)
+        pipe.rpush(self.queue_key, self.job_id)
+
+
+def queued_job(
     connection: redis.Redis,
     settings: Settings,
     job_id: str,
     request: GenerationRequest,
     priority: Priority = "normal",
-) -> None:
-    """Enqueue an admitted job on its model's queue of its priority; RQ drops it if it
-    waits longer than the allowed queue wait. Its RQ description names the job, not its
-    arguments: RQ's default (the call string, prompt included) is kept in Redis and shown
-    by `rq info`."""
-    generation_queue(connection, request.model, priority).enqueue_call(
+) -> QueuedJob:
+    """An admitted job as RQ's `enqueue_call` would save it on its model's queue of its
+    priority (`connection` is never used: RQ's job needs one), so that the API enqueues it
+    in one transaction of its own client, with no thread and no second round trip. RQ drops
+    the job if it waits longer than the allowed queue wait. Its RQ description names the job,
+    not its arguments: RQ's default (the call string, prompt included) is kept in Redis and
+    shown by `rq info`."""
+    queue = generation_queue(connection, request.model, priority)
+    job = queue.create_job(
         GENERATE_FUNCTION,
         kwargs={"job_id": job_id, "request": request.model_dump(mode="json")},
         job_id=job_id,
@@ -75,6 +99,22 @@ def enqueue_generation(
         result_ttl=settings.result_ttl_s,
         failure_ttl=settings.result_ttl_s,
     )
+    job.enqueued_at = now()
+    assert job.ttl is not None
+    return QueuedJob(job_id, queue.key, job.key, job.to_dict(), job.ttl)
+
+
+def enqueue_generation(
+    connection: redis.Redis,
+    settings: Settings,
+    job_id: str,
+    request: GenerationRequest,
+    priority: Priority = "normal",
+) -> None:
+    """Enqueue an admitted job (`queued_job`) through a sync client."""
+    with connection.pipeline() as pipe:
+        queued_job(connection, settings, job_id, request, priority).write(pipe)
+        pipe.execute()
 
 
 def job_description(job_id: str) -> str:

@@ -17,7 +17,12 @@ from rq.serializers import JSONSerializer
 
 from tokenrelay.shared import keys
 from tokenrelay.shared.generation import ChatMessage, GenerationRequest
-from tokenrelay.shared.rq_jobs import GENERATE_FUNCTION, enqueue_generation, generation_queue
+from tokenrelay.shared.rq_jobs import (
+    GENERATE_FUNCTION,
+    enqueue_generation,
+    generation_queue,
+    job_description,
+)
 from tokenrelay.shared.settings import Settings
 from tokenrelay.worker.rq_worker import (
     DEQUEUE_WAIT_S,
@@ -59,6 +64,44 @@ def test_enqueued_generation_runs_the_allow_listed_function_with_json_kwargs(
     worker = build_worker(connection, "test-worker", {GENERATE_FUNCTION: generate}, model="m")
     worker.work(burst=True)
     assert calls == [{"job_id": "job1", "request": request.model_dump(mode="json")}]
+    connection.close()
+
+
+_PER_JOB_FIELDS = {"created_at", "enqueued_at", "data", "description"}
+
+
+def test_our_enqueue_writes_what_rqs_enqueue_call_writes(redis_url: str) -> None:
+    """The API enqueues in one transaction of its own client (`rq_jobs.queued_job`): the
+    same job hash, TTL, queue entry and queue set as RQ's `enqueue_call`, made the same way."""
+    connection = redis.Redis.from_url(redis_url)
+    settings = Settings(redis_url=redis_url)
+    request = GenerationRequest(
+        model="m", messages=(ChatMessage(role="user", content="hi"),), max_tokens=3
+    )
+    queue = generation_queue(connection, "m", "high")
+    rq_job = queue.enqueue_call(
+        GENERATE_FUNCTION,
+        kwargs={"job_id": "by-rq", "request": request.model_dump(mode="json")},
+        job_id="by-rq",
+        description=job_description("by-rq"),
+        timeout=settings.job_timeout_s,
+        ttl=max(1, int(settings.max_queue_wait_s) + 1),
+        result_ttl=settings.result_ttl_s,
+        failure_ttl=settings.result_ttl_s,
+    )
+    ours_key = "rq:job:ours"
+    enqueue_generation(connection, settings, "ours", request, "high")
+    theirs, ours = connection.hgetall(rq_job.key), connection.hgetall(ours_key)
+    assert set(ours) == set(theirs)
+    for field in set(ours) - {f.encode() for f in _PER_JOB_FIELDS}:
+        assert ours[field] == theirs[field], field
+    assert 0 < connection.ttl(ours_key) <= connection.ttl(rq_job.key) + 1
+    assert connection.lrange(queue.key, 0, -1) == [b"by-rq", b"ours"]
+    assert queue.key.encode() in connection.smembers("rq:queues")
+    fetched = Queue(queue.name, connection=connection, serializer=JSONSerializer).jobs
+    assert [job.id for job in fetched] == ["by-rq", "ours"]
+    assert fetched[1].kwargs == {"job_id": "ours", "request": request.model_dump(mode="json")}
+    assert fetched[1].get_status() == "queued"
     connection.close()
 
 
