@@ -12,6 +12,7 @@ from typing import Any
 import pytest
 import redis
 from rq import Queue, SimpleWorker, Worker
+from rq.job import Job
 from rq.registry import FailedJobRegistry, FinishedJobRegistry, StartedJobRegistry
 from rq.serializers import JSONSerializer
 
@@ -26,6 +27,7 @@ from tokenrelay.shared.rq_jobs import (
 from tokenrelay.shared.settings import Settings
 from tokenrelay.worker.rq_worker import (
     DEQUEUE_WAIT_S,
+    StartSignal,
     UnknownJobFunction,
     allow_listed_job_class,
     build_worker,
@@ -105,6 +107,36 @@ def test_our_enqueue_writes_what_rqs_enqueue_call_writes(redis_url: str) -> None
     connection.close()
 
 
+def test_rq_records_a_jobs_start_when_the_job_function_signals_it(redis_url: str) -> None:
+    """tokenrelay's START comes first (the job's first token does not wait for RQ's two
+    transactions), then RQ's record of the start; the job still ends in RQ's registries."""
+    connection = redis.Redis.from_url(redis_url)
+    queue = generation_queue(connection, "m", "normal")
+    queue.enqueue_call(GENERATE_FUNCTION, kwargs={"job_id": "a"}, job_id="a")
+    start_signal = StartSignal()
+    seen: list[tuple[str, int]] = []
+
+    def rq_view() -> tuple[str, int]:
+        job = Job.fetch("a", connection=connection, serializer=JSONSerializer)
+        return job.get_status().value, StartedJobRegistry(queue=queue).count
+
+    def generate(job_id: str) -> dict[str, str]:
+        seen.append(rq_view())
+        start_signal.started()
+        seen.append(rq_view())
+        start_signal.started()  # once only
+        return {"status": "succeeded"}
+
+    worker = build_worker(
+        connection, "signalled", {GENERATE_FUNCTION: generate}, model="m", start_signal=start_signal
+    )
+    worker.work(burst=True)
+    assert seen == [("queued", 0), ("started", 1)]
+    assert FinishedJobRegistry(queue=queue).get_job_ids(cleanup=False) == ["a"]
+    assert StartedJobRegistry(queue=queue).count == 0
+    connection.close()
+
+
 def test_a_dequeue_blocks_briefly_and_its_socket_times_out_soon_after(redis_url: str) -> None:
     """RQ blocks in BLPOP for `dequeue_timeout` and sets its connection's socket timeout to
     that + 10 s: a hung primary holds the worker that long, not RQ's default 415 s."""
@@ -123,10 +155,12 @@ def test_one_worker_executes_n_jobs_at_once_and_rq_tells_the_truth(redis_url: st
     queue.enqueue_call(GENERATE_FUNCTION, kwargs={"job_id": "boom"}, job_id="boom")
     release = threading.Event()
     seen: dict[str, object] = {}
+    start_signal = StartSignal()
 
     def generate(job_id: str) -> dict[str, str]:
-        if job_id == "boom":
+        if job_id == "boom":  # fails before it signals its start: RQ records it at its end
             raise RuntimeError("boom")
+        start_signal.started()  # as `JobRunner` does once the job is in the batch
         assert release.wait(20)
         return {"status": "succeeded"}
 
@@ -162,7 +196,12 @@ def test_one_worker_executes_n_jobs_at_once_and_rq_tells_the_truth(redis_url: st
     observer = threading.Thread(target=observe)
     observer.start()
     worker = build_worker(
-        connection, "concurrent", {GENERATE_FUNCTION: generate}, model="m", concurrency=3
+        connection,
+        "concurrent",
+        {GENERATE_FUNCTION: generate},
+        model="m",
+        concurrency=3,
+        start_signal=start_signal,
     )
     worker.work(burst=True)
     observer.join(timeout=30)

@@ -21,7 +21,12 @@ from tokenrelay.worker.batcher import Batcher
 from tokenrelay.worker.engine import Engine, ModelLoadError
 from tokenrelay.worker.failover_guard import FailoverGuard
 from tokenrelay.worker.lease_keeper import LeaseKeeper
-from tokenrelay.worker.rq_worker import DEQUEUE_WAIT_S, ConcurrentWorker, build_worker
+from tokenrelay.worker.rq_worker import (
+    DEQUEUE_WAIT_S,
+    ConcurrentWorker,
+    StartSignal,
+    build_worker,
+)
 from tokenrelay.worker.runner import JobRunner
 from tokenrelay.worker.synthetic_engine import SyntheticEngine
 
@@ -152,7 +157,18 @@ def run_worker(settings: Settings, *, demo: bool = False) -> int:
             **_SOCKET_TIMEOUTS,
         )
     guard = FailoverGuard(settings, guard_client, connector.primary_address)
-    runner = JobRunner(engine, batcher, redis_scripts, settings, name, active, guard, plane_scripts)
+    start_signal = StartSignal()
+    runner = JobRunner(
+        engine,
+        batcher,
+        redis_scripts,
+        settings,
+        name,
+        active,
+        guard,
+        plane_scripts,
+        start_signal.started,
+    )
     limits = LimitsPublisher(
         settings.model_id,
         engine.max_context_tokens,
@@ -193,6 +209,7 @@ def run_worker(settings: Settings, *, demo: bool = False) -> int:
                 model=settings.model_id,
                 concurrency=settings.worker_concurrency,
                 on_stop_requested=on_stop_requested,
+                start_signal=start_signal,
             )
             try:
                 worker.work(logging_level="INFO")

@@ -3,16 +3,20 @@
 
 RQ 3.0 tracks a set of executions per worker; `ConcurrentWorker` runs each dequeued job's
 execution on its own thread (the job function hands the job to the batcher and waits), so
-RQ's registries, `rq info` and the worker's state tell the truth while N jobs run. RQ
-internals relied on (pinned by `rq==3.0.0`, covered by tests/test_rq_worker.py):
-`dequeue_job_and_maintain_ttl`, `dequeue_timeout`, `prepare_execution`, `perform_job`, `set_state`,
-`request_stop`/`_stop_requested`, `teardown`, `executions`, `TimerDeathPenalty`,
+RQ's registries, `rq info` and the worker's state tell the truth while N jobs run. RQ's
+record of a job's start (two transactions) is written once the job function says the job
+started (`StartSignal`: after tokenrelay's START, with the job in the batch), so a job's first
+token does not wait for it. RQ internals relied on (pinned by `rq==3.0.0`, covered by
+tests/test_rq_worker.py): `dequeue_job_and_maintain_ttl`, `dequeue_timeout`,
+`prepare_execution`, `prepare_job_execution`, `_finalize_success`, `_finalize_failure`,
+`set_state`, `request_stop`/`_stop_requested`, `teardown`, `executions`, `TimerDeathPenalty`,
 `handle_execution_ended`, `handle_job_success`, `handle_job_failure`.
 """
 
 from __future__ import annotations
 
 import logging
+import sys
 import threading
 import time
 from collections.abc import Callable, Mapping
@@ -20,10 +24,12 @@ from typing import Any
 
 import redis
 from rq.exceptions import StopRequested
+from rq.executions import Execution
 from rq.job import Job
 from rq.queue import Queue
 from rq.serializers import JSONSerializer
-from rq.timeouts import TimerDeathPenalty
+from rq.timeouts import JobTimeoutException, TimerDeathPenalty
+from rq.utils import now
 from rq.worker import SimpleWorker, WorkerStatus
 
 from tokenrelay.shared.rq_jobs import worker_queues
@@ -67,6 +73,44 @@ def allow_listed_job_class(functions: Mapping[str, Callable[..., Any]]) -> type[
     return AllowListedJob
 
 
+class StartSignal:
+    """Lets a job function tell its worker, on the job's thread, that the job started: RQ's
+    record of the start is written then (`started`), after tokenrelay's START."""
+
+    def __init__(self) -> None:
+        self._local = threading.local()
+
+    def expect(self, record_start: Callable[[], None]) -> None:
+        self._local.record_start = record_start
+
+    def started(self) -> None:
+        """Write RQ's record of this thread's job's start, once; a Redis error is left to
+        the worker, which tries again when the job function returns."""
+        record_start = getattr(self._local, "record_start", None)
+        if record_start is None:
+            return
+        try:
+            record_start()
+        except redis.RedisError as exc:
+            log.warning("RQ's record of a job's start failed, will retry at its end: %s", exc)
+
+
+class _JobRun:
+    """RQ's execution of one job, recorded once, on the job's thread."""
+
+    def __init__(self, worker: ConcurrentWorker, job: Job) -> None:
+        self._worker = worker
+        self._job = job
+        self.execution: Execution | None = None
+
+    def record_start(self) -> None:
+        if self.execution is None:
+            self.execution = self._worker.prepare_execution(self._job)
+            self._worker.prepare_job_execution(
+                self._job, remove_from_intermediate_queue=len(self._worker.queues) == 1
+            )
+
+
 class ConcurrentWorker(SimpleWorker):
     """Executes up to `concurrency` jobs at once, each on its own thread.
 
@@ -82,9 +126,11 @@ class ConcurrentWorker(SimpleWorker):
         *args: Any,
         concurrency: int,
         on_stop_requested: Callable[[], None],
+        start_signal: StartSignal,
         **kwargs: Any,
     ) -> None:
         self._last_beat_s = float("-inf")
+        self._start_signal = start_signal
         super().__init__(*args, **kwargs)
         self._slots = threading.BoundedSemaphore(concurrency)
         self._job_threads: set[threading.Thread] = set()
@@ -124,16 +170,33 @@ class ConcurrentWorker(SimpleWorker):
         return DEQUEUE_WAIT_S
 
     def execute_job(self, job: Job, queue: Queue) -> None:
-        execution = self.prepare_execution(job)
         thread = threading.Thread(
-            target=self._perform, args=(job, queue, execution), name=f"job-{job.id}", daemon=True
+            target=self._perform, args=(job, queue), name=f"job-{job.id}", daemon=True
         )
         self._job_threads.add(thread)
         thread.start()
 
-    def _perform(self, job: Job, queue: Queue, execution: Any) -> None:
+    def _perform(self, job: Job, queue: Queue) -> None:
+        """RQ's `perform_job`, with its record of the start written when the job function
+        signals it (`StartSignal`), or at the latest when the function returns."""
+        run = _JobRun(self, job)
+        self._start_signal.expect(run.record_start)
         try:
-            self.perform_job(job, queue, execution)
+            try:
+                job.started_at = now()
+                timeout = job.timeout or self.queue_class.DEFAULT_TIMEOUT
+                with self.death_penalty_class(timeout, JobTimeoutException, job_id=job.id):
+                    return_value = job.perform()
+                run.record_start()
+                assert run.execution is not None
+                self._finalize_success(job, queue, run.execution, return_value)
+            except BaseException:
+                exc_info = sys.exc_info()
+                run.record_start()
+                assert run.execution is not None
+                self._finalize_failure(job, queue, run.execution, exc_info)
+        except redis.RedisError as exc:
+            log.warning("RQ's bookkeeping of job %s failed: %s", job.id, exc)
         finally:
             self._job_threads.discard(threading.current_thread())
             self._slots.release()
@@ -198,6 +261,7 @@ def build_worker(
     model: str,
     concurrency: int = 1,
     on_stop_requested: Callable[[], None] = lambda: None,
+    start_signal: StartSignal | None = None,
 ) -> ConcurrentWorker:
     return ConcurrentWorker(
         worker_queues(connection, model),
@@ -208,4 +272,5 @@ def build_worker(
         log_job_description=False,  # RQ would log the call string, prompt included, at INFO
         concurrency=concurrency,
         on_stop_requested=on_stop_requested,
+        start_signal=start_signal or StartSignal(),
     )

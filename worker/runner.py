@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Callable
 from typing import Any
 
 from redis.exceptions import RedisError
@@ -66,9 +67,13 @@ class JobRunner:
         active: ActiveJobs,
         guard: FailoverGuard,
         plane_scripts: SyncScripts | None = None,
+        on_started: Callable[[], None] = lambda: None,
     ) -> None:
-        """`plane_scripts` run on the token plane's own Redis (None: `redis_scripts`' is it)."""
+        """`plane_scripts` run on the token plane's own Redis (None: `redis_scripts`' is it);
+        `on_started` runs on the job's thread once the job started and is in the batch (RQ's
+        record of the start: `StartSignal.started`)."""
         self._engine = engine
+        self._on_started = on_started
         self._batcher = batcher
         self._scripts = redis_scripts
         self._plane_scripts = plane_scripts or redis_scripts
@@ -156,6 +161,7 @@ class JobRunner:
             )
             self._batcher.submit(job)
             job_log = None  # the batcher's until the job leaves the batch
+            self._on_started()
             self._wait(job)
             job_log = job.log
             if job.error is not None:
