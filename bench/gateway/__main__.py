@@ -73,6 +73,7 @@ from bench.gateway.report import (
 )
 from tokenrelay.shared import keys
 from tokenrelay.shared.jobs import JobField
+from tokenrelay.shared.settings import Settings
 
 _START_DELAY_S = 0.5
 _SETTLE_S = 1.0
@@ -346,8 +347,9 @@ def main(argv: list[str] | None = None) -> int:
     if options.relay_only:
         producer = f"no worker: lockstep publisher, {options.batch_jobs} jobs per EMIT call"
     else:
+        steps = "in lockstep" if Settings().synthetic_lockstep else "each job on its own phase"
         producer = (
-            f"{options.workers} synthetic worker(s), engine first-token delay "
+            f"{options.workers} synthetic worker(s) decoding {steps}, engine first-token delay "
             f"{options.first_token_ms:g} ms"
         )
     setup = f"{options.api_processes} API process(es), {producer}, {psutil.cpu_count()} CPUs"
