@@ -5,6 +5,7 @@ from __future__ import annotations
 import codecs
 import json
 import threading
+import time
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
@@ -351,6 +352,20 @@ def test_flush_interval_coalesces_tokens_into_fewer_events(
     chunks = [e for e in events(sync_redis, "j") if e["type"] == "token"]
     assert [c["text"] for c in chunks] == ["c", "oalesce me please"]
     assert sum(c["tokens"] for c in chunks) == len("coalesce me please")
+
+
+def test_flush_interval_sends_each_token_of_steps_a_little_under_the_interval_apart(
+    redis_url: str, sync_redis: redis.Redis, parts: tuple[CountingScripts, ActiveJobs]
+) -> None:
+    """Steps 195 ms apart against a 200 ms interval (a 20 tok/s stream against 50 ms, with a
+    step's jitter) are not held into two-token chunks every other step."""
+    run, active = parts
+    settings = Settings(redis_url=redis_url, flush_interval_ms=200)
+    admit(run, settings, "j")
+    engine = ScriptedEngine({"j": "abcd"}, on_step=lambda _: time.sleep(0.195))
+    generate_alone(lambda: engine, run, settings, active, sync_redis)
+    chunks = [e for e in events(sync_redis, "j") if e["type"] == "token"]
+    assert [c["text"] for c in chunks] == ["a", "b", "c", "d"]
 
 
 def test_flush_interval_never_drops_the_tokens_it_held_when_a_job_is_cancelled(
