@@ -45,10 +45,11 @@ cut off (it never closes the connection) kept a worker blocked there for 7 minut
 the jobs queued on the new primary expired. With 5 s, the socket times out after 15 s and
 RQ's retry reconnects, through the sentinels, to whichever server is the primary now."""
 HEARTBEAT_EVERY_S = 1.0
-"""RQ beats the worker's heartbeat (three commands) before and after every dequeue: at many
-jobs a second, six of a job's ~70 RQ commands, three of them between taking the job and
-starting it. Its key lives `worker_ttl` + 60 s (480 s), so one beat a second at most is
-plenty; a beat RQ asks for with a timeout or inside a pipeline always goes through."""
+"""RQ beats the worker's heartbeat (three commands) before and after every dequeue and in
+its check for suspension: at many jobs a second, nine of a job's ~60 RQ commands, three of
+them between taking the job and starting it. Its key lives `worker_ttl` + 60 s (480 s), so
+one beat a second at most is plenty; a beat RQ asks for with a timeout (a job's start, which
+sets the key's TTL from the job's timeout) always goes through."""
 BOOKKEEPING_RETRY_S = 60.0
 """How long RQ's bookkeeping of a job that ended is retried while Redis is unreachable. A
 job that ended as Redis went down kept its `rq:job:` key without a TTL, in RQ's started
@@ -105,10 +106,7 @@ class _JobRun:
 
     def record_start(self) -> None:
         if self.execution is None:
-            self.execution = self._worker.prepare_execution(self._job)
-            self._worker.prepare_job_execution(
-                self._job, remove_from_intermediate_queue=len(self._worker.queues) == 1
-            )
+            self.execution = self._worker.record_start(self._job)
 
 
 class ConcurrentWorker(SimpleWorker):
@@ -138,7 +136,7 @@ class ConcurrentWorker(SimpleWorker):
         self._dequeuing = False
 
     def heartbeat(self, timeout: int | None = None, pipeline: Any = None) -> None:
-        if timeout is None and pipeline is None:
+        if timeout is None:
             now_s = time.monotonic()
             if now_s - self._last_beat_s < HEARTBEAT_EVERY_S:
                 return
@@ -168,6 +166,24 @@ class ConcurrentWorker(SimpleWorker):
     @property
     def dequeue_timeout(self) -> int:
         return DEQUEUE_WAIT_S
+
+    def record_start(self, job: Job) -> Execution:
+        """RQ's `prepare_execution` and `prepare_job_execution` in one transaction (each is
+        one of its own, and both beat the worker's heartbeat): the job's execution in its
+        registries, the worker busy, the job started and without its queue-wait TTL."""
+        with self.connection.pipeline() as pipe:
+            ttl = self.get_heartbeat_ttl(job)
+            execution = Execution.create(job, ttl, pipeline=pipe, worker_name=self.name)
+            self.set_state(WorkerStatus.BUSY, pipeline=pipe)
+            self.heartbeat(ttl, pipeline=pipe)
+            job.heartbeat(now(), ttl, pipeline=pipe)
+            job.prepare_for_execution(self.name, pipeline=pipe)
+            pipe.persist(job.key)
+            if len(self.queues) == 1:
+                pipe.lrem(self.queues[0].intermediate_queue_key, 1, job.id)
+            pipe.execute()
+        self.executions[execution.id] = execution
+        return execution
 
     def execute_job(self, job: Job, queue: Queue) -> None:
         thread = threading.Thread(
@@ -204,9 +220,10 @@ class ConcurrentWorker(SimpleWorker):
                 self.set_state(WorkerStatus.IDLE)
 
     def handle_execution_ended(self, job: Job, queue: Queue, heartbeat_ttl: int) -> None:
-        _until_redis_answers(
-            lambda: super(ConcurrentWorker, self).handle_execution_ended(job, queue, heartbeat_ttl)
-        )
+        """The job's end time only: RQ also beats the job's heartbeat here, a round trip that
+        keeps it in the started registry through success and failure callbacks, which
+        tokenrelay's jobs do not have; the transaction that follows ends it there."""
+        job.ended_at = now()
 
     def handle_job_success(self, *args: Any, **kwargs: Any) -> None:
         _until_redis_answers(
@@ -219,9 +236,12 @@ class ConcurrentWorker(SimpleWorker):
         )
 
     def set_state(self, state: str, pipeline: Any = None) -> None:
+        """RQ's, but idle only without executions, and no write of the state it holds (RQ
+        sets it idle before every dequeue: a busy worker rewrote "busy" once a job)."""
         if state == WorkerStatus.IDLE and self.executions:
             state = WorkerStatus.BUSY
-        super().set_state(state, pipeline=pipeline)
+        if state != self._state:
+            super().set_state(state, pipeline=pipeline)
 
     def request_stop(self, signum: Any, frame: Any) -> None:
         self._on_stop_requested()
