@@ -26,7 +26,7 @@ from tokenrelay.shared import keys, scripts
 from tokenrelay.shared.rq_jobs import GENERATE_FUNCTION
 from tokenrelay.shared.script_runner import SyncScripts
 from tokenrelay.shared.settings import Settings
-from tokenrelay.worker.rq_worker import build_worker
+from tokenrelay.worker.rq_worker import StartSignal, build_worker
 
 SECRET = "the secret prompt 🌊 nobody else may read"
 MESSAGES = [
@@ -102,15 +102,21 @@ def test_cluster_view_lists_workers_with_the_jobs_they_run(
     settings = Settings(redis_url=redis_url)
     SyncScripts(sync_redis).run(scripts.register_worker(settings, "console-test-worker", "m", 3))
     seen: list[dict[str, Any]] = []
+    start_signal = StartSignal()
 
     def generate(job_id: str, request: dict[str, object]) -> dict[str, str]:
+        start_signal.started()  # as the worker's job runner does once the job is in the batch
         seen.append(open_client.get("/v1/cluster").json())
         return {"status": "succeeded"}
 
     connection = redis.Redis.from_url(redis_url)
     try:
         build_worker(
-            connection, "console-test-worker", {GENERATE_FUNCTION: generate}, model="m"
+            connection,
+            "console-test-worker",
+            {GENERATE_FUNCTION: generate},
+            model="m",
+            start_signal=start_signal,
         ).work(burst=True)
     finally:
         connection.close()

@@ -167,6 +167,13 @@ def phase_table(rows: list[Figures]) -> str:
     return "\n".join(lines)
 
 
+def _by_command(f: Figures, field: str, top: int, digits: int) -> str:
+    """The `top` commands of a per-command figure, largest first: "xadd 1.08, …"."""
+    values = f[field]
+    assert isinstance(values, dict)
+    return ", ".join(f"{name} {n:.{digits}f}" for name, n in list(values.items())[:top])
+
+
 def redis_table(rows: list[Figures], top: int = 12) -> str:
     lines = [
         "| tok/s per stream | flush ms | streams | Redis calls per token, by command "
@@ -175,11 +182,8 @@ def redis_table(rows: list[Figures], top: int = 12) -> str:
         "|" + "---|" * 8,
     ]
     for f in rows:
-        calls = f["calls_per_token"]
-        assert isinstance(calls, dict)
-        parts = ", ".join(f"{name} {n:.2f}" for name, n in list(calls.items())[:top])
         lines.append(
-            _head(f) + f"| {parts} "
+            _head(f) + f"| {_by_command(f, 'calls_per_token', top, 2)} "
             f"| {f['redis_in_bytes_per_token']:.0f} / {f['redis_out_bytes_per_token']:.0f} "
             f"| {f['redis_clients_max']} | {f['pubsub_omem_max_bytes']:,} "
             f"| {_pair(f, 'chunk_gap_p50_ms', 'chunk_gap_p99_ms')} "
@@ -197,9 +201,7 @@ def redis_time_table(rows: list[Figures], top: int = 10) -> str:
         "|" + "---|" * 5,
     ]
     for f in rows:
-        usec = f["usec_per_token"]
-        assert isinstance(usec, dict)
-        parts = ", ".join(f"{name} {n:.1f}" for name, n in list(usec.items())[:top])
+        parts = _by_command(f, "usec_per_token", top, 1)
         lines.append(_head(f) + f"| {f['redis_cpu_us_per_token']:.1f} | {parts} |")
     return "\n".join(lines)
 
