@@ -13,6 +13,7 @@ import random
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
+from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import RedisError
 from starlette.exceptions import HTTPException
 
@@ -84,9 +85,24 @@ async def _validation_error(_: Request, exc: Exception) -> JSONResponse:
     return error_response(InvalidRequest(message, param=field))
 
 
+POOL_EXHAUSTED_MESSAGE = (
+    "no Redis connection of this gateway process came free in time: the process is "
+    "overloaded (its pool is TOKENRELAY_REDIS_POOL_SIZE) or Redis is slow to answer; "
+    "retry shortly"
+)
+
+
 async def _redis_error(_: Request, exc: Exception) -> JSONResponse:
     log.warning("Redis unavailable: %s", exc)
+    if _pool_wait_ran_out(exc):
+        return error_response(RedisUnavailable(POOL_EXHAUSTED_MESSAGE))
     return error_response(RedisUnavailable("the gateway cannot reach Redis; retry shortly"))
+
+
+def _pool_wait_ran_out(exc: Exception) -> bool:
+    """The wait for a free connection of the pool timed out (redis-py raises a
+    `ConnectionError` from the wait's `TimeoutError`), rather than a connection failing."""
+    return isinstance(exc, RedisConnectionError) and isinstance(exc.__cause__, TimeoutError)
 
 
 async def _http_error(_: Request, exc: Exception) -> JSONResponse:

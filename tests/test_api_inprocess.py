@@ -10,8 +10,9 @@ from fastapi.testclient import TestClient
 from openai.types import completion_create_params as completion_params
 from openai.types.chat import completion_create_params as chat_params
 
+from tokenrelay.api import state as api_state
 from tokenrelay.api.app import create_app
-from tokenrelay.api.errors import retry_headers
+from tokenrelay.api.errors import POOL_EXHAUSTED_MESSAGE, retry_headers
 from tokenrelay.api.field_support import NO_EFFECT, REFUSED, SUPPORT_KEY
 from tokenrelay.shared import scripts
 from tokenrelay.shared.errors import InvalidRequest, Overloaded, QuotaExceeded
@@ -260,3 +261,25 @@ def test_a_running_job_reads_its_text_so_far_from_its_log_and_an_ended_one_from_
         assert run.run(ended) == 1
         finished = client.get(f"/v1/jobs/{job_id}").json()
     assert (finished["status"], finished["text"]) == ("succeeded", "the stored text")
+
+
+def test_a_request_that_finds_no_free_redis_connection_gets_a_503_that_says_so(
+    redis_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Not "cannot reach Redis" when Redis is fine and the process's pool is all in use."""
+    monkeypatch.setattr(api_state, "REDIS_POOL_WAIT_S", 0.2)
+    settings = Settings(redis_url=redis_url, served_model_name="m", redis_pool_size=2)
+    with TestClient(create_app(settings)) as client:
+        job_id = client.post("/v1/jobs", json={"model": "m", "messages": MESSAGES}).json()["id"]
+        pool = client.app.state.tokenrelay.redis.connection_pool  # type: ignore[attr-defined]
+        assert client.portal is not None
+        held = [client.portal.call(pool.get_connection) for _ in range(2)]
+        try:
+            response = client.get(f"/v1/jobs/{job_id}")
+        finally:
+            for connection in held:
+                client.portal.call(pool.release, connection)
+        assert response.status_code == 503
+        assert response.json()["error"]["message"] == POOL_EXHAUSTED_MESSAGE
+        assert response.headers["Retry-After"] == "1"
+        assert client.get(f"/v1/jobs/{job_id}").status_code == 200
