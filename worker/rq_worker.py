@@ -50,6 +50,9 @@ its check for suspension: at many jobs a second, nine of a job's ~60 RQ commands
 them between taking the job and starting it. Its key lives `worker_ttl` + 60 s (480 s), so
 one beat a second at most is plenty; a beat RQ asks for with a timeout (a job's start, which
 sets the key's TTL from the job's timeout) always goes through."""
+SUSPENSION_CHECK_EVERY_S = 1.0
+"""RQ checks whether workers are suspended (`rq suspend`: a transaction) before every
+dequeue; once a second at most is soon enough to notice it."""
 BOOKKEEPING_RETRY_S = 60.0
 """How long RQ's bookkeeping of a job that ended is retried while Redis is unreachable. A
 job that ended as Redis went down kept its `rq:job:` key without a TTL, in RQ's started
@@ -128,6 +131,7 @@ class ConcurrentWorker(SimpleWorker):
         **kwargs: Any,
     ) -> None:
         self._last_beat_s = float("-inf")
+        self._last_suspension_check_s = float("-inf")
         self._start_signal = start_signal
         super().__init__(*args, **kwargs)
         self._slots = threading.BoundedSemaphore(concurrency)
@@ -142,6 +146,13 @@ class ConcurrentWorker(SimpleWorker):
                 return
             self._last_beat_s = now_s
         super().heartbeat(timeout, pipeline)
+
+    def check_for_suspension(self, burst: bool) -> None:
+        now_s = time.monotonic()
+        if now_s - self._last_suspension_check_s < SUSPENSION_CHECK_EVERY_S:
+            return
+        self._last_suspension_check_s = now_s
+        super().check_for_suspension(burst)
 
     def dequeue_job_and_maintain_ttl(
         self, timeout: int | None, max_idle_time: int | None = None
