@@ -79,6 +79,10 @@ async def submit(
         request.model,
         caller.max_inflight,
         batch_line=batch_job_id is not None,
+        enqueue=queued_job(
+            state.rq_connection, settings, job_id, request, priority or caller.priority
+        ),
+        job_fields=None if webhook is None else webhook.hash_fields(),
     )
     reply = await state.scripts.run(admit)
     if lost := scripts.reaped_by_admission(reply):
@@ -87,25 +91,21 @@ async def submit(
         )
     scripts.check_admitted(reply)
     request_log.note_job(job_id)
-    queued = queued_job(state.rq_connection, settings, job_id, request, priority or caller.priority)
-    try:
-        async with state.redis.pipeline(transaction=True) as pipe:
-            if webhook is not None:  # with the enqueue, so the worker's START already sees it
-                pipe.hset(keys.job(job_id), mapping=webhook.hash_fields())
-            queued.write(pipe)
-            await pipe.execute()
-        if settings.redis_min_replicas:
+    if settings.redis_min_replicas:
+        try:
             await _wait_for_replicas(state, moves)
-    except Exception as exc:
-        log.warning("enqueue of admitted job %s failed: %s", job_id, exc)
-        error = Error(
-            error_type=RedisUnavailable.error_type, message="the job could not be enqueued"
-        )
-        fields = error_fields(error)
-        finish = scripts.finish(settings, job_id, JobStatus.FAILED, dict(fields), error.to_wire())
-        await state.scripts.run(finish)
-        await drain_outbox(state.redis, state.plane_scripts, settings)
-        raise RedisUnavailable("the job could not be enqueued; retry shortly") from exc
+        except Exception as exc:
+            log.warning("admission of job %s not held by replicas: %s", job_id, exc)
+            error = Error(
+                error_type=RedisUnavailable.error_type, message="the job could not be enqueued"
+            )
+            fields = error_fields(error)
+            finish = scripts.finish(
+                settings, job_id, JobStatus.FAILED, dict(fields), error.to_wire()
+            )
+            await state.scripts.run(finish)
+            await drain_outbox(state.redis, state.plane_scripts, settings)
+            raise RedisUnavailable("the job could not be enqueued; retry shortly") from exc
     return job_id
 
 

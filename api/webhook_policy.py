@@ -31,7 +31,6 @@ from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
 
 import httpx
-from redis.typing import EncodableT, FieldT
 
 from tokenrelay.shared.errors import InvalidRequest
 from tokenrelay.shared.jobs import JobField
@@ -57,7 +56,7 @@ class WebhookTarget:
     url: str
     events: tuple[str, ...]
 
-    def hash_fields(self) -> dict[FieldT, EncodableT]:
+    def hash_fields(self) -> dict[str, str]:
         """The job hash fields the Lua library reads (`webhook`, `webhook_events`)."""
         return {JobField.WEBHOOK: self.url, JobField.WEBHOOK_EVENTS: ",".join(self.events)}
 

@@ -7,8 +7,7 @@ not an import path: workers only run the functions in their allow-list (`worker.
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Literal
 
 import redis
 from rq import Queue
@@ -21,7 +20,7 @@ from rq.utils import now
 
 from tokenrelay.shared import keys
 from tokenrelay.shared.generation import GenerationRequest
-from tokenrelay.shared.scripts import decode_text
+from tokenrelay.shared.scripts import Enqueue, decode_text
 from tokenrelay.shared.settings import Settings
 
 GENERATE_FUNCTION = "tokenrelay.generate"
@@ -56,38 +55,18 @@ def queue_model(name: str) -> str | None:
     return None
 
 
-@dataclass(frozen=True)
-class QueuedJob:
-    """What RQ's enqueue of a generation job writes, built without Redis (`queued_job`)."""
-
-    job_id: str
-    queue_key: str
-    job_key: str
-    fields: dict[str, Any]
-    ttl_s: int
-
-    def write(self, pipe: Any) -> None:
-        """Queue RQ's writes on `pipe`, a transaction of a sync or an asyncio client: the
-        queue in RQ's set of queues, the job's hash with its TTL, its id at the queue's end."""
-        pipe.sadd(Queue.redis_queues_keys, self.queue_key)
-        pipe.hset(self.job_key, mapping=self.fields)
-        pipe.expire(self.job_key, self.ttl_s)
-        pipe.rpush(self.queue_key, self.job_id)
-
-
 def queued_job(
     connection: redis.Redis,
     settings: Settings,
     job_id: str,
     request: GenerationRequest,
     priority: Priority = "normal",
-) -> QueuedJob:
-    """An admitted job as RQ's `enqueue_call` would save it on its model's queue of its
-    priority (`connection` is never used: RQ's job needs one), so that the API enqueues it
-    in one transaction of its own client, with no thread and no second round trip. RQ drops
-    the job if it waits longer than the allowed queue wait. Its RQ description names the job,
-    not its arguments: RQ's default (the call string, prompt included) is kept in Redis and
-    shown by `rq info`."""
+) -> Enqueue:
+    """An admitted job's entry on its model's queue of its priority, as RQ's `enqueue_call`
+    would save it (`connection` is never used: RQ's job needs one); ADMIT writes it in the
+    script that admits the job (`scripts.admit`). RQ drops the job if it waits longer than
+    the allowed queue wait. Its RQ description names the job, not its arguments: RQ's
+    default (the call string, prompt included) is kept in Redis and shown by `rq info`."""
     queue = generation_queue(connection, request.model, priority)
     job = queue.create_job(
         GENERATE_FUNCTION,
@@ -101,20 +80,8 @@ def queued_job(
     )
     job.enqueued_at = now()
     assert job.ttl is not None
-    return QueuedJob(job_id, queue.key, job.key, job.to_dict(), job.ttl)
-
-
-def enqueue_generation(
-    connection: redis.Redis,
-    settings: Settings,
-    job_id: str,
-    request: GenerationRequest,
-    priority: Priority = "normal",
-) -> None:
-    """Enqueue an admitted job (`queued_job`) through a sync client."""
-    with connection.pipeline() as pipe:
-        queued_job(connection, settings, job_id, request, priority).write(pipe)
-        pipe.execute()
+    fields = tuple(part for pair in job.to_dict().items() for part in pair)
+    return Enqueue(Queue.redis_queues_keys, queue.key, job.key, fields, job.ttl)
 
 
 def job_description(job_id: str) -> str:

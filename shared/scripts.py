@@ -40,6 +40,7 @@ own client (`shared.script_runner`) and parse the reply here.
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping
 from dataclasses import dataclass
 from importlib.resources import files
 from typing import Any
@@ -147,7 +148,20 @@ BATCH_LINE_DEFERRED = "batch_line_deferred"
 client was refused."""
 RECENT_JOBS_KEPT = 50
 
-Arg = str | int | float
+Arg = str | int | float | bytes
+
+
+@dataclass(frozen=True)
+class Enqueue:
+    """An admitted job's queue entry, written by ADMIT in the same script: `fields` (name,
+    value pairs) in the hash `record_key` with a TTL of `ttl_s`, `queue_key` in the set
+    `queues_key`, the job id at the queue's end. `shared.rq_jobs.queued_job` builds RQ's."""
+
+    queues_key: str
+    queue_key: str
+    record_key: str
+    fields: tuple[Arg, ...]
+    ttl_s: int
 
 
 @dataclass(frozen=True)
@@ -191,13 +205,23 @@ def admit(
     owner_limit: int | None = None,
     *,
     batch_line: bool = False,
+    enqueue: Enqueue | None = None,
+    job_fields: Mapping[str, str] | None = None,
 ) -> ScriptCall:
     """Admit an interactive job, whose count leaves batch lines out, or (`batch_line`) a
     batch line: within `TOKENRELAY_BATCH_MAX_INFLIGHT_SHARE` of the limit, counted in the
-    set of batch lines instead of its owner's, and only while the whole count is under it."""
+    set of batch lines instead of its owner's, and only while the whole count is under it.
+    An admitted job gets `job_fields` in its hash and, with `enqueue`, its queue entry, in
+    the same script: a job is never admitted without them."""
     owner_jobs = keys.batch_lines_inflight() if batch_line else keys.owner_jobs(owner)
     if batch_line:
         owner_limit = settings.batch_max_inflight
+    extra = [part for pair in (job_fields or {}).items() for part in pair]
+    queue_keys: tuple[str, ...] = ()
+    queue_args: list[Arg] = [""]
+    if enqueue is not None:
+        queue_keys = (enqueue.queues_key, enqueue.queue_key, enqueue.record_key)
+        queue_args = [enqueue.ttl_s, *enqueue.fields]
     return _library_call(
         ADMIT,
         settings,
@@ -212,11 +236,15 @@ def admit(
         owner_limit or 0,
         BATCH_LINE_DEFERRED if batch_line else QuotaExceeded.error_type,
         0 if batch_line else 1,
+        len(extra) // 2,
+        *extra,
+        *queue_args,
         extra_keys=(
             keys.recent_jobs(),
             keys.rejections(),
             owner_jobs,
             keys.batch_lines_inflight(),
+            *queue_keys,
         ),
     )
 

@@ -18,14 +18,17 @@ from rq.registry import FailedJobRegistry, FinishedJobRegistry, StartedJobRegist
 from rq.serializers import JSONSerializer
 from rq.suspension import resume, suspend
 
-from tokenrelay.shared import keys
+from tokenrelay.shared import keys, scripts
+from tokenrelay.shared.errors import Overloaded
 from tokenrelay.shared.generation import ChatMessage, GenerationRequest
 from tokenrelay.shared.rq_jobs import (
     GENERATE_FUNCTION,
-    enqueue_generation,
+    Priority,
     generation_queue,
     job_description,
+    queued_job,
 )
+from tokenrelay.shared.script_runner import SyncScripts
 from tokenrelay.shared.settings import Settings
 from tokenrelay.worker.rq_worker import (
     DEQUEUE_WAIT_S,
@@ -56,7 +59,7 @@ def test_enqueued_generation_runs_the_allow_listed_function_with_json_kwargs(
     request = GenerationRequest(
         model="m", messages=(ChatMessage(role="user", content="你好"),), max_tokens=3
     )
-    enqueue_generation(connection, Settings(redis_url=redis_url), "job1", request)
+    _admit_and_enqueue(connection, Settings(redis_url=redis_url), "job1", request)
     raw = connection.hget("rq:job:job1", "data")
     assert raw is not None and b"pickle" not in raw
     calls: list[dict[str, object]] = []
@@ -74,9 +77,22 @@ def test_enqueued_generation_runs_the_allow_listed_function_with_json_kwargs(
 _PER_JOB_FIELDS = {"created_at", "enqueued_at", "data", "description"}
 
 
-def test_our_enqueue_writes_what_rqs_enqueue_call_writes(redis_url: str) -> None:
-    """The API enqueues in one transaction of its own client (`rq_jobs.queued_job`): the
-    same job hash, TTL, queue entry and queue set as RQ's `enqueue_call`, made the same way."""
+def _admit_and_enqueue(
+    connection: redis.Redis,
+    settings: Settings,
+    job_id: str,
+    request: GenerationRequest,
+    priority: Priority = "normal",
+) -> None:
+    """As the API admits a job: ADMIT with its queue entry (`rq_jobs.queued_job`)."""
+    entry = queued_job(connection, settings, job_id, request, priority)
+    admit = scripts.admit(settings, job_id, "o", request.model, enqueue=entry)
+    scripts.check_admitted(SyncScripts(connection).run(admit))
+
+
+def test_admission_enqueues_what_rqs_enqueue_call_writes(redis_url: str) -> None:
+    """ADMIT writes an admitted job's queue entry in the same script (`rq_jobs.queued_job`):
+    the same job hash, TTL, queue entry and queue set as RQ's `enqueue_call`."""
     connection = redis.Redis.from_url(redis_url)
     settings = Settings(redis_url=redis_url)
     request = GenerationRequest(
@@ -94,7 +110,7 @@ def test_our_enqueue_writes_what_rqs_enqueue_call_writes(redis_url: str) -> None
         failure_ttl=settings.result_ttl_s,
     )
     ours_key = "rq:job:ours"
-    enqueue_generation(connection, settings, "ours", request, "high")
+    _admit_and_enqueue(connection, settings, "ours", request, "high")
     theirs, ours = connection.hgetall(rq_job.key), connection.hgetall(ours_key)
     assert set(ours) == set(theirs)
     for field in set(ours) - {f.encode() for f in _PER_JOB_FIELDS}:
@@ -106,6 +122,35 @@ def test_our_enqueue_writes_what_rqs_enqueue_call_writes(redis_url: str) -> None
     assert [job.id for job in fetched] == ["by-rq", "ours"]
     assert fetched[1].kwargs == {"job_id": "ours", "request": request.model_dump(mode="json")}
     assert fetched[1].get_status() == "queued"
+    connection.close()
+
+
+def test_a_refused_admission_enqueues_nothing_and_an_admitted_one_gets_its_fields(
+    redis_url: str,
+) -> None:
+    connection = redis.Redis.from_url(redis_url)
+    settings = Settings(redis_url=redis_url, max_inflight=1)
+    request = GenerationRequest(
+        model="m", messages=(ChatMessage(role="user", content="hi"),), max_tokens=3
+    )
+    run = SyncScripts(connection)
+    admitted = scripts.admit(
+        settings,
+        "in",
+        "o",
+        "m",
+        enqueue=queued_job(connection, settings, "in", request),
+        job_fields={"webhook": "https://example.com/h", "webhook_events": "completed"},
+    )
+    scripts.check_admitted(run.run(admitted))
+    refused = scripts.admit(
+        settings, "out", "o", "m", enqueue=queued_job(connection, settings, "out", request)
+    )
+    with pytest.raises(Overloaded):
+        scripts.check_admitted(run.run(refused))
+    assert generation_queue(connection, "m", "normal").job_ids == ["in"]
+    assert not connection.exists("rq:job:out")
+    assert connection.hget(keys.job("in"), "webhook_events") == b"completed"
     connection.close()
 
 

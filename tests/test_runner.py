@@ -15,7 +15,7 @@ import redis
 from tokenrelay.cli.embedded_redis import EmbeddedRedis
 from tokenrelay.shared import keys, scripts
 from tokenrelay.shared.generation import ChatMessage, FunctionTool, GenerationRequest
-from tokenrelay.shared.rq_jobs import enqueue_generation, generation_queue
+from tokenrelay.shared.rq_jobs import generation_queue, queued_job
 from tokenrelay.shared.script_runner import SyncScripts
 from tokenrelay.shared.scripts import ScriptCall
 from tokenrelay.shared.settings import Settings
@@ -480,12 +480,12 @@ def test_a_job_whose_start_a_failover_discarded_goes_back_to_its_queue(
     fell between them): the worker runs the job on the old primary, then finds it queued on
     the new one and in no queue. It gives it back, so it runs again instead of expiring."""
     run, _ = parts
-    admit(run, settings, "j")
-    deadline = sync_redis.zscore(keys.leases(), "j")
     with redis.Redis.from_url(settings.redis_url) as rq_connection:
         generation = GenerationRequest.model_validate(request())
-        enqueue_generation(rq_connection, settings, "j", generation)
+        entry = queued_job(rq_connection, settings, "j", generation)
+        scripts.check_admitted(run.run(scripts.admit(settings, "j", "o", "m", enqueue=entry)))
         queue_key = generation_queue(rq_connection, "m", "normal").key
+    deadline = sync_redis.zscore(keys.leases(), "j")
     assert sync_redis.lpop(queue_key) == "j"  # the worker's dequeue, replicated
 
     def lose_the_start(step: int) -> None:

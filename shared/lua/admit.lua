@@ -7,7 +7,11 @@
 -- ARGV[34] the error type a refusal is counted under, ARGV[35] the owner's own limit
 -- (0: none), ARGV[36] the error type an owner's refusal is counted under, ARGV[37] 1 when
 -- batch lines do not count against ARGV[28] (interactive jobs), 0 when they do (batch lines:
--- they take only spare capacity, and never the slots interactive jobs are admitted to).
+-- they take only spare capacity, and never the slots interactive jobs are admitted to),
+-- ARGV[38] n, then n name, value pairs of further job hash fields (a webhook's), then the
+-- queue entry's TTL in seconds ('' for none) and its record's name, value pairs; with an
+-- entry, KEYS[6] the set of queues, KEYS[7] the queue, KEYS[8] the job's queue record (RQ's
+-- job hash: `scripts.Enqueue`). An admitted job gets them in this script, never later.
 -- Returns {1, in_flight} when admitted, {0, in_flight} when the global limit is reached,
 -- {-1, owner_in_flight} when the owner's limit is; each followed by the ids of running jobs
 -- the reaping failed with the lease-expired error (their RQ registries still call them started).
@@ -34,6 +38,17 @@ redis.call('ZADD', LEASES, now + lease_ms, id)
 redis.call('SADD', KEYS[4], id)
 redis.call('HSET', key(T_HASH, id), F_STATUS, S_QUEUED, F_OWNER, ARGV[30], F_MODEL, ARGV[31],
   F_CREATED_AT, stamp, F_OWNER_JOBS, KEYS[4])
+local extra = tonumber(ARGV[38])
+if extra > 0 then
+  redis.call('HSET', key(T_HASH, id), unpack(ARGV, 39, 38 + 2 * extra))
+end
+local entry_ttl = ARGV[39 + 2 * extra]
+if entry_ttl ~= '' then
+  redis.call('SADD', KEYS[6], KEYS[7])
+  redis.call('HSET', KEYS[8], unpack(ARGV, 40 + 2 * extra, #ARGV))
+  redis.call('EXPIRE', KEYS[8], entry_ttl)
+  redis.call('RPUSH', KEYS[7], id)
+end
 redis.call('LPUSH', KEYS[2], id)
 redis.call('LTRIM', KEYS[2], 0, tonumber(ARGV[33]) - 1)
 return {1, in_flight + 1, unpack(lost)}
