@@ -34,12 +34,12 @@ async def _wait_for_replicas(state: AppState, moves: int) -> None:
     """Return once `TOKENRELAY_REDIS_MIN_REPLICAS` replicas hold this admission's writes.
 
     WAIT covers the writes of its own connection: a write on the same connection just
-    before it, after the admission's writes (ADMIT, then the webhook fields and the enqueue
-    in one transaction) had all completed, stands for all of them (replication is one ordered
-    stream), as long as they all reached its server. They may run on different connections:
-    `moves` is the connector's count of primary moves before the first of them, and an
-    admission across a move is refused (its first writes may have reached the old primary,
-    and the new one's replicas acknowledge only what the new one took)."""
+    before it, after the admission's writes (ADMIT, with the webhook fields and the queue
+    entry) had completed, stands for them (replication is one ordered stream), as long as
+    they reached its server. They may run on another connection: `moves` is the connector's
+    count of primary moves before ADMIT, and an admission across a move is refused (ADMIT
+    may have reached the old primary, and the new one's replicas acknowledge only what the
+    new one took)."""
     wanted = state.settings.redis_min_replicas
     async with state.redis.pipeline(transaction=False) as pipe:
         pipe.incr(keys.replication_mark())
