@@ -4,12 +4,15 @@
 RQ 3.0 tracks a set of executions per worker; `ConcurrentWorker` runs each dequeued job's
 execution on its own thread (the job function hands the job to the batcher and waits), so
 RQ's registries, `rq info` and the worker's state tell the truth while N jobs run. RQ's
-record of a job's start (two transactions) is written once the job function says the job
-started (`StartSignal`: after tokenrelay's START, with the job in the batch), so a job's first
-token does not wait for it. RQ internals relied on (pinned by `rq==3.0.0`, covered by
+record of a job's start (one transaction: `record_start`) is written once the job function
+says the job started (`StartSignal`: after tokenrelay's START, with the job in the batch), so
+a job's first token does not wait for it; if that write fails, it is tried again when the
+function returns, and a job whose start never lands stays out of RQ's registries (its RQ key
+expires with its queue-wait TTL). RQ internals relied on (pinned by `rq==3.0.0`, covered by
 tests/test_rq_worker.py): `dequeue_job_and_maintain_ttl`, `dequeue_timeout`,
-`prepare_execution`, `prepare_job_execution`, `_finalize_success`, `_finalize_failure`,
-`set_state`, `request_stop`/`_stop_requested`, `teardown`, `executions`, `TimerDeathPenalty`,
+`check_for_suspension`, `get_heartbeat_ttl`, `Execution.create`, `Job.heartbeat`,
+`Job.prepare_for_execution`, `_finalize_success`, `_finalize_failure`, `set_state`/`_state`,
+`request_stop`/`_stop_requested`, `teardown`, `executions`, `TimerDeathPenalty`,
 `handle_execution_ended`, `handle_job_success`, `handle_job_failure`.
 """
 
@@ -46,8 +49,8 @@ the jobs queued on the new primary expired. With 5 s, the socket times out after
 RQ's retry reconnects, through the sentinels, to whichever server is the primary now."""
 HEARTBEAT_EVERY_S = 1.0
 """RQ beats the worker's heartbeat (three commands) before and after every dequeue and in
-its check for suspension: at many jobs a second, nine of a job's ~60 RQ commands, three of
-them between taking the job and starting it. Its key lives `worker_ttl` + 60 s (480 s), so
+its check for suspension: at many jobs a second, nine commands a job, three of them between
+taking the job and starting it. Its key lives `worker_ttl` + 60 s (480 s), so
 one beat a second at most is plenty; a beat RQ asks for with a timeout (a job's start, which
 sets the key's TTL from the job's timeout) always goes through."""
 SUSPENSION_CHECK_EVERY_S = 1.0
