@@ -6,6 +6,8 @@ import asyncio
 import logging
 import uuid
 
+from redis.exceptions import RedisError
+
 from tokenrelay.api import request_log
 from tokenrelay.api.deps import Caller
 from tokenrelay.api.job_record import read_job
@@ -84,7 +86,13 @@ async def submit(
         ),
         job_fields=None if webhook is None else webhook.hash_fields(),
     )
-    reply = await state.scripts.run(admit)
+    try:
+        reply = await state.scripts.run(admit)
+    except RedisError:
+        # Redis may have run ADMIT and lost only its reply: the job would then be queued
+        # for a client that got a 503 (and may send it again). End it, if it is there.
+        await cancel_quietly(state, job_id)
+        raise
     if lost := scripts.reaped_by_admission(reply):
         state.spawn(
             asyncio.to_thread(fail_lost_jobs, state.rq_connection, lost, settings.result_ttl_s)
@@ -130,8 +138,9 @@ async def cancel(state: AppState, job_id: str) -> str | None:
 
 
 async def cancel_quietly(state: AppState, job_id: str) -> None:
-    """Cancel on client disconnect: best effort, never raises (the lease reaps the rest)."""
+    """Cancel on client disconnect, or after an admission whose reply was lost: best
+    effort, never raises (the lease reaps the rest)."""
     try:
         await cancel(state, job_id)
     except Exception as exc:
-        log.warning("cancel of job %s after disconnect failed: %s", job_id, exc)
+        log.warning("cancel of job %s failed: %s", job_id, exc)

@@ -14,10 +14,12 @@ from tokenrelay.api import state as api_state
 from tokenrelay.api.app import create_app
 from tokenrelay.api.errors import POOL_EXHAUSTED_MESSAGE, retry_headers
 from tokenrelay.api.field_support import NO_EFFECT, REFUSED, SUPPORT_KEY
-from tokenrelay.shared import scripts
+from tokenrelay.shared import keys, scripts
 from tokenrelay.shared.errors import InvalidRequest, Overloaded, QuotaExceeded
 from tokenrelay.shared.events import Done, Started, TokenChunk, Usage
-from tokenrelay.shared.script_runner import SyncScripts
+from tokenrelay.shared.rq_jobs import generation_queue
+from tokenrelay.shared.script_runner import AsyncScripts, SyncScripts
+from tokenrelay.shared.scripts import ScriptCall
 from tokenrelay.shared.settings import Settings
 
 MESSAGES = [{"role": "user", "content": "hi"}]
@@ -283,3 +285,27 @@ def test_a_request_that_finds_no_free_redis_connection_gets_a_503_that_says_so(
         assert response.json()["error"]["message"] == POOL_EXHAUSTED_MESSAGE
         assert response.headers["Retry-After"] == "1"
         assert client.get(f"/v1/jobs/{job_id}").status_code == 200
+
+
+def test_an_admission_whose_reply_is_lost_leaves_no_job_queued(
+    redis_url: str, sync_redis: redis.Redis, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Redis ran ADMIT (the job and its queue entry are there) but the reply never came: the
+    client gets a 503, and the job is ended rather than run for nobody."""
+    original = AsyncScripts.run
+
+    async def reply_lost(self: AsyncScripts, call: ScriptCall) -> object:
+        reply = await original(self, call)
+        if call.source == scripts.ADMIT:
+            raise redis.ConnectionError("Connection closed by server.")
+        return reply
+
+    monkeypatch.setattr(AsyncScripts, "run", reply_lost)
+    settings = Settings(redis_url=redis_url, served_model_name="m")
+    with TestClient(create_app(settings)) as client:
+        response = client.post("/v1/jobs", json={"model": "m", "messages": MESSAGES})
+    assert response.status_code == 503
+    [job_id] = sync_redis.lrange(keys.recent_jobs(), 0, -1)
+    assert sync_redis.hget(keys.job(job_id), "status") == "cancelled"
+    assert sync_redis.llen(generation_queue(sync_redis, "m", "normal").key) == 0
+    assert sync_redis.zscore(keys.leases(), job_id) is None
