@@ -87,7 +87,7 @@ class StartSignal:
     def __init__(self) -> None:
         self._local = threading.local()
 
-    def expect(self, record_start: Callable[[], None]) -> None:
+    def expect(self, record_start: Callable[[], object]) -> None:
         self._local.record_start = record_start
 
     def started(self) -> None:
@@ -108,11 +108,27 @@ class _JobRun:
     def __init__(self, worker: ConcurrentWorker, job: Job) -> None:
         self._worker = worker
         self._job = job
-        self.execution: Execution | None = None
+        self._execution: Execution | None = None
 
-    def record_start(self) -> None:
-        if self.execution is None:
-            self.execution = self._worker.record_start(self._job)
+    def record_start(self) -> Execution:
+        if self._execution is None:
+            self._execution = self._worker.record_start(self._job)
+        return self._execution
+
+
+class _AtMostEvery:
+    """Says whether `period_s` passed since it last said yes."""
+
+    def __init__(self, period_s: float) -> None:
+        self._period_s = period_s
+        self._last_s = float("-inf")
+
+    def due(self) -> bool:
+        now_s = time.monotonic()
+        if now_s - self._last_s < self._period_s:
+            return False
+        self._last_s = now_s
+        return True
 
 
 class ConcurrentWorker(SimpleWorker):
@@ -133,8 +149,8 @@ class ConcurrentWorker(SimpleWorker):
         start_signal: StartSignal,
         **kwargs: Any,
     ) -> None:
-        self._last_beat_s = float("-inf")
-        self._last_suspension_check_s = float("-inf")
+        self._beats = _AtMostEvery(HEARTBEAT_EVERY_S)
+        self._suspension_checks = _AtMostEvery(SUSPENSION_CHECK_EVERY_S)
         self._start_signal = start_signal
         super().__init__(*args, **kwargs)
         self._slots = threading.BoundedSemaphore(concurrency)
@@ -143,19 +159,12 @@ class ConcurrentWorker(SimpleWorker):
         self._dequeuing = False
 
     def heartbeat(self, timeout: int | None = None, pipeline: Any = None) -> None:
-        if timeout is None:
-            now_s = time.monotonic()
-            if now_s - self._last_beat_s < HEARTBEAT_EVERY_S:
-                return
-            self._last_beat_s = now_s
-        super().heartbeat(timeout, pipeline)
+        if timeout is not None or self._beats.due():
+            super().heartbeat(timeout, pipeline)
 
     def check_for_suspension(self, burst: bool) -> None:
-        now_s = time.monotonic()
-        if now_s - self._last_suspension_check_s < SUSPENSION_CHECK_EVERY_S:
-            return
-        self._last_suspension_check_s = now_s
-        super().check_for_suspension(burst)
+        if self._suspension_checks.due():
+            super().check_for_suspension(burst)
 
     def dequeue_job_and_maintain_ttl(
         self, timeout: int | None, max_idle_time: int | None = None
@@ -217,14 +226,10 @@ class ConcurrentWorker(SimpleWorker):
                 timeout = job.timeout or self.queue_class.DEFAULT_TIMEOUT
                 with self.death_penalty_class(timeout, JobTimeoutException, job_id=job.id):
                     return_value = job.perform()
-                run.record_start()
-                assert run.execution is not None
-                self._finalize_success(job, queue, run.execution, return_value)
+                self._finalize_success(job, queue, run.record_start(), return_value)
             except BaseException:
                 exc_info = sys.exc_info()
-                run.record_start()
-                assert run.execution is not None
-                self._finalize_failure(job, queue, run.execution, exc_info)
+                self._finalize_failure(job, queue, run.record_start(), exc_info)
         except redis.RedisError as exc:
             log.warning("RQ's bookkeeping of job %s failed: %s", job.id, exc)
         finally:

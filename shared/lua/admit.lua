@@ -36,12 +36,9 @@ if in_flight >= limit then
 end
 redis.call('ZADD', LEASES, now + lease_ms, id)
 redis.call('SADD', KEYS[4], id)
-redis.call('HSET', key(T_HASH, id), F_STATUS, S_QUEUED, F_OWNER, ARGV[30], F_MODEL, ARGV[31],
-  F_CREATED_AT, stamp, F_OWNER_JOBS, KEYS[4])
 local extra = tonumber(ARGV[38])
-if extra > 0 then
-  redis.call('HSET', key(T_HASH, id), unpack(ARGV, 39, 38 + 2 * extra))
-end
+redis.call('HSET', key(T_HASH, id), F_STATUS, S_QUEUED, F_OWNER, ARGV[30], F_MODEL, ARGV[31],
+  F_CREATED_AT, stamp, F_OWNER_JOBS, KEYS[4], unpack(ARGV, 39, 38 + 2 * extra))
 local entry_ttl = ARGV[39 + 2 * extra]
 if entry_ttl ~= '' then
   redis.call('SADD', KEYS[6], KEYS[7])
