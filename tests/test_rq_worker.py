@@ -311,6 +311,39 @@ def test_one_worker_executes_n_jobs_at_once_and_rq_tells_the_truth(redis_url: st
     connection.close()
 
 
+def test_a_worker_is_not_written_idle_while_a_jobs_start_is_being_recorded(
+    redis_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The dequeuing thread sets the worker idle before each dequeue; a job thread recording
+    its start at that moment (its transaction landed, its execution not yet counted) keeps
+    it busy. CI once saw 3 jobs running under an idle worker."""
+    connection = redis.Redis.from_url(redis_url)
+    queue = generation_queue(connection, "m", "normal")
+    job = queue.enqueue_call(GENERATE_FUNCTION, kwargs={"job_id": "j"}, job_id="j")
+    worker = build_worker(connection, "racing", {}, model="m")
+    worker.set_state("idle")
+    landed, go_on = threading.Event(), threading.Event()
+    execute = redis.client.Pipeline.execute
+
+    def execute_then_hold(self: redis.client.Pipeline, *args: Any, **kw: Any) -> Any:
+        result = execute(self, *args, **kw)
+        if threading.current_thread().name == "job-j":
+            landed.set()
+            assert go_on.wait(10)
+        return result
+
+    monkeypatch.setattr(redis.client.Pipeline, "execute", execute_then_hold)
+    recording = threading.Thread(target=worker.record_start, args=(job,), name="job-j")
+    recording.start()
+    assert landed.wait(10)
+    worker.set_state("idle")
+    go_on.set()
+    recording.join(10)
+    assert connection.hget(worker.key, "state") == b"busy"
+    assert worker.get_state() == "busy"
+    connection.close()
+
+
 def test_bookkeeping_that_meets_a_redis_outage_is_retried_until_it_lands(
     redis_url: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:

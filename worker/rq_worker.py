@@ -152,6 +152,8 @@ class ConcurrentWorker(SimpleWorker):
         self._beats = _AtMostEvery(HEARTBEAT_EVERY_S)
         self._suspension_checks = _AtMostEvery(SUSPENSION_CHECK_EVERY_S)
         self._start_signal = start_signal
+        self._state_lock = threading.Lock()
+        self._starts_in_flight = 0
         super().__init__(*args, **kwargs)
         self._slots = threading.BoundedSemaphore(concurrency)
         self._job_threads: set[threading.Thread] = set()
@@ -193,20 +195,29 @@ class ConcurrentWorker(SimpleWorker):
     def record_start(self, job: Job) -> Execution:
         """RQ's `prepare_execution` and `prepare_job_execution` in one transaction (each is
         one of its own, and both beat the worker's heartbeat): the job's execution in its
-        registries, the worker busy, the job started and without its queue-wait TTL."""
-        with self.connection.pipeline() as pipe:
-            ttl = self.get_heartbeat_ttl(job)
-            execution = Execution.create(job, ttl, pipeline=pipe, worker_name=self.name)
-            self.set_state(WorkerStatus.BUSY, pipeline=pipe)
-            self.heartbeat(ttl, pipeline=pipe)
-            job.heartbeat(now(), ttl, pipeline=pipe)
-            job.prepare_for_execution(self.name, pipeline=pipe)
-            pipe.persist(job.key)
-            if len(self.queues) == 1:
-                pipe.lrem(self.queues[0].intermediate_queue_key, 1, job.id)
-            pipe.execute()
-        self.executions[execution.id] = execution
-        return execution
+        registries, the worker busy, the job started and without its queue-wait TTL. While
+        it is in flight no other thread writes the worker idle."""
+        with self._state_lock:
+            self._starts_in_flight += 1
+        try:
+            with self.connection.pipeline() as pipe:
+                ttl = self.get_heartbeat_ttl(job)
+                execution = Execution.create(job, ttl, pipeline=pipe, worker_name=self.name)
+                pipe.hset(self.key, "state", WorkerStatus.BUSY)
+                self.heartbeat(ttl, pipeline=pipe)
+                job.heartbeat(now(), ttl, pipeline=pipe)
+                job.prepare_for_execution(self.name, pipeline=pipe)
+                pipe.persist(job.key)
+                if len(self.queues) == 1:
+                    pipe.lrem(self.queues[0].intermediate_queue_key, 1, job.id)
+                pipe.execute()
+            with self._state_lock:
+                self._state = WorkerStatus.BUSY
+                self.executions[execution.id] = execution
+            return execution
+        finally:
+            with self._state_lock:
+                self._starts_in_flight -= 1
 
     def execute_job(self, job: Job, queue: Queue) -> None:
         thread = threading.Thread(
@@ -255,12 +266,14 @@ class ConcurrentWorker(SimpleWorker):
         )
 
     def set_state(self, state: str, pipeline: Any = None) -> None:
-        """RQ's, but idle only without executions, and no write of the state it holds (RQ
-        sets it idle before every dequeue: a busy worker rewrote "busy" once a job)."""
-        if state == WorkerStatus.IDLE and self.executions:
-            state = WorkerStatus.BUSY
-        if state != self._state:
-            super().set_state(state, pipeline=pipeline)
+        """RQ's, but idle only when no job runs or is being recorded as started, and no
+        write of the state it holds (RQ sets it idle before every dequeue: a busy worker
+        rewrote "busy" once a job). Job threads and the dequeuing thread both call it."""
+        with self._state_lock:
+            if state == WorkerStatus.IDLE and (self.executions or self._starts_in_flight):
+                return
+            if state != self._state:
+                super().set_state(state, pipeline=pipeline)
 
     def request_stop(self, signum: Any, frame: Any) -> None:
         self._on_stop_requested()
