@@ -123,6 +123,43 @@ def test_events_get_consecutive_seqs_and_finish_stores_the_text(
     assert 0 < sync_redis.ttl(keys.job_text("s")) <= settings.result_ttl_s
 
 
+def _commands_of(sync_redis: redis.Redis, run: SyncScripts, call: scripts.ScriptCall) -> int:
+    """The commands Redis counts for one script call: EVALSHA and the commands it runs."""
+
+    def total() -> int:
+        stats = sync_redis.info("commandstats")
+        return sum(v["calls"] for k, v in stats.items() if k != "cmdstat_info")
+
+    before = total()
+    run.run(call)
+    return total() - before
+
+
+def test_a_jobs_start_and_finish_each_read_its_hash_once_and_write_it_once(
+    run: SyncScripts, settings: Settings, sync_redis: redis.Redis
+) -> None:
+    """The per-job scripts' commands, pinned: START reads the job's status, worker and
+    webhook in one HMGET; FINISH reads status, owner set and webhook in one, its log's next
+    seq once, and writes the hash's fields in one HSET (it ran 21 commands, 4 of them HSETs)."""
+    done = Done(
+        finish_reason="stop", usage=Usage(prompt_tokens=3, completion_tokens=0, total_tokens=3)
+    )
+    fields = {"finish_reason": "stop", "prompt_tokens": 3, "completion_tokens": 0}
+    commands = []
+    for job_id in ("warm", "c"):  # the first calls load the scripts
+        admit(run, settings, job_id)
+        start = scripts.start(settings, job_id, "w1", started())
+        finish = scripts.finish(settings, job_id, "succeeded", fields, done.to_wire(), 1, "")
+        commands = [_commands_of(sync_redis, run, call) for call in (start, finish)]
+    assert commands == [9, 14]
+    assert sync_redis.hmget(keys.job("c"), "status", "finish_reason", "completion_tokens") == [
+        "succeeded",
+        "stop",
+        "0",
+    ]
+    assert [e["seq"] for e in log(sync_redis, "c")] == [0, 1]
+
+
 def test_emit_drops_events_of_jobs_no_longer_running(
     run: SyncScripts, settings: Settings, sync_redis: redis.Redis
 ) -> None:

@@ -13,21 +13,23 @@
 -- and returns -2: its worker started it on an old primary, whose writes a failover
 -- discarded; it gives the job back.
 local id, status, expected = ARGV[27], ARGV[28], tonumber(ARGV[31])
+local reads = finish_reads(id)
+local current, seq = reads[1], nil
 if expected >= 0 then
-  local current, next = redis.call('HGET', key(T_HASH, id), F_STATUS), next_seq(id)
+  seq = next_seq(id)
   if current == S_QUEUED then
     return -2
   end
-  if current == S_RUNNING and next < expected then
+  if current == S_RUNNING and seq < expected then
     return -1
   end
-  if current == status and next == expected + 1 then
+  if current == status and seq == expected + 1 then
     return 1
   end
-elseif ARGV[30] == '' and redis.call('HGET', key(T_HASH, id), F_STATUS) == status then
+elseif ARGV[30] == '' and current == status then
   return 1
 end
-local done = finish(id, status, cjson.decode(ARGV[29]), ARGV[30])
+local done = finish(id, status, cjson.decode(ARGV[29]), ARGV[30], reads, seq)
 if done and ARGV[32] then
   redis.call('SET', key(T_TEXT, id), ARGV[32], 'EX', RESULT_TTL)
 end

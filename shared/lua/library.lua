@@ -53,37 +53,46 @@ local function emit(id, event)
   log_append(key(T_LOG, id), key(T_CHAN, id), LOG_MAXLEN, 'PUBLISH', event)
 end
 
--- Queue a webhook delivery of `event` ('start' or 'completed') if the job's filter has it.
-local function webhook(id, event)
-  local hook = redis.call('HMGET', key(T_HASH, id), F_WEBHOOK, F_WEBHOOK_EVENTS)
-  if hook[1] and string.find(',' .. (hook[2] or '') .. ',', ',' .. event .. ',', 1, true) then
+-- The job hash's fields that ending a job reads, in one HMGET: {status, the owner's job
+-- set, webhook URL, webhook events}; a caller that read them passes them to `finish`.
+local function finish_reads(id)
+  return redis.call('HMGET', key(T_HASH, id), F_STATUS, F_OWNER_JOBS, F_WEBHOOK,
+    F_WEBHOOK_EVENTS)
+end
+
+-- Queue a webhook delivery of `event` ('start' or 'completed') if the job's webhook `url`
+-- and its `events` filter (the job hash's fields, false when absent) have it.
+local function webhook(id, event, url, events)
+  if url and string.find(',' .. (events or '') .. ',', ',' .. event .. ',', 1, true) then
     redis.call('LPUSH', WEBHOOK_DELIVERIES, cjson.encode({job_id = id, event = event, attempt = 0}))
   end
 end
 
 -- End the job with `status`, its hash `fields` and final `event`: '' when the caller closed
--- the job's log on a token plane of its own already (a worker's FINISH).
-local function finish(id, status, fields, event)
+-- the job's log on a token plane of its own already (a worker's FINISH). `reads` is the
+-- caller's `finish_reads(id)` and `seq` the log's next seq, where it has them (else nil).
+local function finish(id, status, fields, event, reads, seq)
   local h = key(T_HASH, id)
-  local current = redis.call('HGET', h, F_STATUS)
+  local current, owner_jobs, url, events = unpack(reads or finish_reads(id))
   if current ~= S_QUEUED and current ~= S_RUNNING then  -- unknown, or terminal already
     return false
   end
   local _, stamp = now_ms()
-  redis.call('HSET', h, F_STATUS, status, F_FINISHED_AT, stamp)
+  local hash = {F_STATUS, status, F_FINISHED_AT, stamp}
   for field, value in pairs(fields) do
-    redis.call('HSET', h, field, tostring(value))
+    table.insert(hash, field)
+    table.insert(hash, tostring(value))
   end
+  redis.call('HSET', h, unpack(hash))
   if PLANE_HERE then
-    log_close(key(T_LOG, id), key(T_CHAN, id), LOG_MAXLEN, 'PUBLISH', event)
+    log_close(key(T_LOG, id), key(T_CHAN, id), LOG_MAXLEN, 'PUBLISH', event, seq)
     redis.call('EXPIRE', key(T_LOG, id), RESULT_TTL)
     redis.call('EXPIRE', key(T_TEXT, id), RESULT_TTL)
   elseif event ~= '' then
     redis.call('HSET', OUTBOX, id, event)
   end
-  webhook(id, 'completed')
+  webhook(id, 'completed', url, events)
   redis.call('ZREM', LEASES, id)
-  local owner_jobs = redis.call('HGET', h, F_OWNER_JOBS)
   if owner_jobs then
     redis.call('SREM', owner_jobs, id)
   end

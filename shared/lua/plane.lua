@@ -19,17 +19,18 @@ local function log_payload(seq, event)
   return '{"seq":' .. seq .. ',' .. string.sub(event, 2)
 end
 
--- Append `event` to the log (created if absent) as its next event and publish it.
-local function log_append(log, channel, maxlen, publish, event)
-  local seq = log_next_seq(log)
+-- Append `event` to the log (created if absent) as its next event and publish it; `seq` is
+-- the log's next seq where the caller read it (else nil).
+local function log_append(log, channel, maxlen, publish, event, seq)
+  seq = seq or log_next_seq(log)
   local payload = log_payload(seq, event)
   redis.call('XADD', log, 'MAXLEN', '~', maxlen, '1-' .. seq, 'e', payload)
   redis.call(publish, channel, payload)
 end
 
--- Append `event` as the log's last event and close the log.
-local function log_close(log, channel, maxlen, publish, event)
-  log_append(log, channel, maxlen, publish, event)
+-- Append `event` as the log's last event and close the log (`seq` as for `log_append`).
+local function log_close(log, channel, maxlen, publish, event, seq)
+  log_append(log, channel, maxlen, publish, event, seq)
   redis.call('XSETID', log, CLOSED_LOG_ID)
 end
 

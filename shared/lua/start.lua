@@ -9,7 +9,8 @@
 -- worker appends it (OPEN) once this call said running.
 local id = ARGV[27]
 local h = key(T_HASH, id)
-local current, worker = unpack(redis.call('HMGET', h, F_STATUS, F_WORKER))
+local current, worker, url, events = unpack(redis.call('HMGET', h, F_STATUS, F_WORKER,
+  F_WEBHOOK, F_WEBHOOK_EVENTS))
 if current == S_RUNNING then
   return worker == ARGV[28] and S_RUNNING
 end
@@ -27,5 +28,5 @@ redis.call('ZADD', LEASES, now + tonumber(ARGV[29]), id)
 if PLANE_HERE then
   emit(id, ARGV[30])
 end
-webhook(id, 'start')
+webhook(id, 'start', url, events)
 return S_RUNNING
