@@ -37,16 +37,20 @@ async def observe_events(
             yield item
         return
     stream = _StreamObserver(record, record.metrics)
-    async for item in events:
-        if isinstance(item, Delivery):
-            event = item.event
-            if isinstance(event, Started):
-                await stream.started(client, job_id, event)
-            elif isinstance(event, TokenChunk):
-                stream.chunk(event)
-            else:
-                stream.ended(event)
-        yield item
+    try:
+        async for item in events:
+            if isinstance(item, Delivery):
+                event = item.event
+                if isinstance(event, Started):
+                    stream.started(client, job_id, event)
+                elif isinstance(event, TokenChunk):
+                    stream.chunk(event)
+                else:
+                    stream.ended(event)
+            yield item
+        await stream.settled()
+    finally:
+        stream.abandon()
 
 
 @dataclass
@@ -56,17 +60,34 @@ class _StreamObserver:
     last_chunk: float | None = None
     tokens: int = 0
     seen_started: bool = False
+    queue_wait: asyncio.Task[None] | None = None
 
-    async def started(self, client: redis.asyncio.Redis, job_id: str, event: Started) -> None:
+    def started(self, client: redis.asyncio.Redis, job_id: str, event: Started) -> None:
+        """Record the prompt's tokens, and read the job's queue wait beside the stream: the
+        read's round trip would hold back the first token, which follows the Started event."""
         if self.seen_started:
             return
         self.seen_started = True
         self.record.prompt_tokens = event.prompt_tokens
         self.metrics.prompt_tokens.inc(event.prompt_tokens)
+        self.queue_wait = asyncio.create_task(self._observe_queue_wait(client, job_id))
+
+    async def _observe_queue_wait(self, client: redis.asyncio.Redis, job_id: str) -> None:
         wait = await _queue_wait(client, job_id)
         if wait is not None:
             self.record.queue_wait_s = wait
             self.metrics.queue_wait.observe(wait)
+
+    async def settled(self) -> None:
+        """Wait for the queue wait's read (bounded by its timeout) before the request's log
+        line is written."""
+        if self.queue_wait is not None:
+            await self.queue_wait
+
+    def abandon(self) -> None:
+        """The stream ended early (its client left): drop the queue wait's read."""
+        if self.queue_wait is not None:
+            self.queue_wait.cancel()
 
     def chunk(self, event: TokenChunk) -> None:
         now = self.record.since_arrival()
