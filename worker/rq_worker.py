@@ -13,7 +13,9 @@ tests/test_rq_worker.py): `dequeue_job_and_maintain_ttl`, `dequeue_timeout`,
 `check_for_suspension`, `get_heartbeat_ttl`, `Execution.create`, `Job.heartbeat`,
 `Job.prepare_for_execution`, `_finalize_success`, `_finalize_failure`, `set_state`/`_state`,
 `request_stop`/`_stop_requested`, `teardown`, `executions`, `TimerDeathPenalty`,
-`handle_execution_ended`, `handle_job_success`, `handle_job_failure`.
+`handle_execution_ended`, `handle_job_success` (replaced: `_record_success`),
+`increment_successful_job_count`, `increment_total_working_time`, `Job._handle_success`,
+`cleanup_execution`, `handle_job_failure`.
 """
 
 from __future__ import annotations
@@ -255,10 +257,32 @@ class ConcurrentWorker(SimpleWorker):
         tokenrelay's jobs do not have; the transaction that follows ends it there."""
         job.ended_at = now()
 
-    def handle_job_success(self, *args: Any, **kwargs: Any) -> None:
-        _until_redis_answers(
-            lambda: super(ConcurrentWorker, self).handle_job_success(*args, **kwargs)
-        )
+    def handle_job_success(
+        self, job: Job, queue: Queue, started_job_registry: Any, execution: Execution
+    ) -> None:
+        _until_redis_answers(lambda: self._record_success(job, execution))
+
+    def _record_success(self, job: Job, execution: Execution) -> None:
+        """RQ's `handle_job_success` for tokenrelay's jobs, which ADMIT enqueues without
+        dependencies, dependents, repeats or a rate limit: its one transaction, without the
+        WATCH and read of the job's dependents before it (two round trips) and without
+        expiring the dependents' keys, which do not exist."""
+        assert job.started_at is not None and job.ended_at is not None
+        result_ttl = job.get_result_ttl(self.default_result_ttl)
+        with self.connection.pipeline() as pipe:
+            self.increment_successful_job_count(pipeline=pipe)
+            self.increment_total_working_time(job.ended_at - job.started_at, pipe)
+            job._handle_success(
+                result_ttl,
+                pipeline=pipe,
+                worker_name=self.name,
+                execution_id=execution.id,
+                execution_started_at=execution.created_at,
+                execution_ended_at=job.ended_at,
+            )
+            pipe.expire(job.key, result_ttl)
+            self.cleanup_execution(job, pipeline=pipe, execution=execution)
+            pipe.execute()
 
     def handle_job_failure(self, *args: Any, **kwargs: Any) -> None:
         _until_redis_answers(
