@@ -289,9 +289,18 @@ def emit(settings: Settings, events: list[EmitItem]) -> ScriptCall:
     """Append events of several jobs in one round trip, on the token plane (see `emit.lua`);
     on a Redis Cluster the events of one job only."""
     script_keys = [key for job_id, _, _ in events for key in _log_keys(job_id)]
-    flat: list[Arg] = [part for item in events for part in item]
+    flat: list[Arg] = [
+        part for job_id, seq, event in events for part in (job_id, seq, log_payload(seq, event))
+    ]
     header: list[Arg] = [settings.event_log_maxlen, publish_command(settings)]
     return ScriptCall(EMIT, script_keys, [*header, *flat])
+
+
+def log_payload(seq: int, event: str) -> str:
+    """An event's JSON (without seq) as its job's log holds it, with its seq first, as
+    `plane.lua`'s `log_payload` writes it: EMIT's events arrive so, keeping the string
+    building per token off Redis."""
+    return f'{{"seq":{seq},{event[1:]}'
 
 
 def _log_keys(job_id: str) -> tuple[str, str]:

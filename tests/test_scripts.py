@@ -160,6 +160,26 @@ def test_a_jobs_start_and_finish_each_read_its_hash_once_and_write_it_once(
     assert [e["seq"] for e in log(sync_redis, "c")] == [0, 1]
 
 
+def test_emit_trims_a_log_only_past_its_maxlen(
+    run: SyncScripts, sync_redis: redis.Redis, redis_url: str
+) -> None:
+    """EMIT passes MAXLEN (approximate) only once an event's seq reaches it: a log within the
+    cap keeps every event, a longer one is cut to about the cap, its newest events kept."""
+    settings = Settings(redis_url=redis_url, event_log_maxlen=100)
+    token = TokenChunk(text="t", tokens=1).to_wire()
+    for job_id, events in (("short", 99), ("long", 400)):
+        admit(run, settings, job_id)
+        run.run(scripts.start(settings, job_id, "w1", started()))
+        for first in range(1, events + 1, 50):
+            last = min(first + 49, events)
+            chunk = [(job_id, seq, token) for seq in range(first, last + 1)]
+            assert run.run(scripts.emit(settings, chunk)) == [[], []]
+    assert [e["seq"] for e in log(sync_redis, "short")] == list(range(100))
+    kept = [e["seq"] for e in log(sync_redis, "long")]
+    assert 100 <= len(kept) < 300
+    assert kept == list(range(401 - len(kept), 401))
+
+
 def test_emit_drops_events_of_jobs_no_longer_running(
     run: SyncScripts, settings: Settings, sync_redis: redis.Redis
 ) -> None:

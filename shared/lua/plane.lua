@@ -14,7 +14,7 @@ local function log_next_seq(log)
   return last and tonumber(string.sub(last[1], 3)) + 1 or 0
 end
 
--- The event JSON (without seq) as the log holds it: with its seq first.
+-- The event JSON (without seq) as the log holds it: with its seq (a number or its text) first.
 local function log_payload(seq, event)
   return '{"seq":' .. seq .. ',' .. string.sub(event, 2)
 end
