@@ -10,12 +10,12 @@ a job's first token does not wait for it; if that write fails, it is tried again
 function returns, and a job whose start never lands stays out of RQ's registries (its RQ key
 expires with its queue-wait TTL). RQ internals relied on (pinned by `rq==3.0.0`, covered by
 tests/test_rq_worker.py): `dequeue_job_and_maintain_ttl`, `dequeue_timeout`,
-`check_for_suspension`, `get_heartbeat_ttl`, `Execution.create`, `Job.heartbeat`,
-`Job.prepare_for_execution`, `_finalize_success`, `_finalize_failure`, `set_state`/`_state`,
-`request_stop`/`_stop_requested`, `teardown`, `executions`, `TimerDeathPenalty`,
-`handle_execution_ended`, `handle_job_success` (replaced: `_record_success`),
-`increment_successful_job_count`, `increment_total_working_time`, `Job._handle_success`,
-`cleanup_execution`, `handle_job_failure`.
+`check_for_suspension`, `get_heartbeat_ttl`, `Execution.create`, `Job.prepare_for_execution`,
+`Result.create`, `Job.finished_job_registry`, `_finalize_success`, `_finalize_failure`,
+`set_state`/`_state`, `last_heartbeat`, `request_stop`/`_stop_requested`, `teardown`,
+`executions`, `TimerDeathPenalty`, `handle_execution_ended`, `handle_job_success`
+(replaced: `_record_success`), `increment_successful_job_count`,
+`increment_total_working_time`, `cleanup_execution`, `handle_job_failure`.
 """
 
 from __future__ import annotations
@@ -28,13 +28,15 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 import redis
+from redis.typing import EncodableT, FieldT
 from rq.exceptions import StopRequested
 from rq.executions import Execution
-from rq.job import Job
+from rq.job import Job, JobStatus
 from rq.queue import Queue
+from rq.results import Result
 from rq.serializers import JSONSerializer
 from rq.timeouts import JobTimeoutException, TimerDeathPenalty
-from rq.utils import now
+from rq.utils import now, utcformat
 from rq.worker import SimpleWorker, WorkerStatus
 
 from tokenrelay.shared.rq_jobs import worker_queues
@@ -197,17 +199,23 @@ class ConcurrentWorker(SimpleWorker):
     def record_start(self, job: Job) -> Execution:
         """RQ's `prepare_execution` and `prepare_job_execution` in one transaction (each is
         one of its own, and both beat the worker's heartbeat): the job's execution in its
-        registries, the worker busy, the job started and without its queue-wait TTL. While
-        it is in flight no other thread writes the worker idle."""
+        registries, the worker busy and its key's TTL the job's (one HSET with the beat; the
+        executions set's TTL is `Execution.create`'s), the job started (its heartbeat is
+        `prepare_for_execution`'s) and without its queue-wait TTL. While it is in flight no
+        other thread writes the worker idle."""
         with self._state_lock:
             self._starts_in_flight += 1
         try:
             with self.connection.pipeline() as pipe:
                 ttl = self.get_heartbeat_ttl(job)
                 execution = Execution.create(job, ttl, pipeline=pipe, worker_name=self.name)
-                pipe.hset(self.key, "state", WorkerStatus.BUSY)
-                self.heartbeat(ttl, pipeline=pipe)
-                job.heartbeat(now(), ttl, pipeline=pipe)
+                self.last_heartbeat = now()
+                beat: dict[FieldT, EncodableT] = {
+                    "state": WorkerStatus.BUSY,
+                    "last_heartbeat": utcformat(self.last_heartbeat),
+                }
+                pipe.hset(self.key, mapping=beat)
+                pipe.expire(self.key, ttl)
                 job.prepare_for_execution(self.name, pipeline=pipe)
                 pipe.persist(job.key)
                 if len(self.queues) == 1:
@@ -265,21 +273,33 @@ class ConcurrentWorker(SimpleWorker):
     def _record_success(self, job: Job, execution: Execution) -> None:
         """RQ's `handle_job_success` for tokenrelay's jobs, which ADMIT enqueues without
         dependencies, dependents, repeats or a rate limit: its one transaction, without the
-        WATCH and read of the job's dependents before it (two round trips) and without
-        expiring the dependents' keys, which do not exist."""
+        WATCH and read of the job's dependents before it (two round trips), without
+        expiring the dependents' keys, which do not exist, and writing the two fields of the
+        job's hash that changed since its start (`Job._handle_success` writes them all,
+        the request's payload included)."""
         assert job.started_at is not None and job.ended_at is not None
         result_ttl = job.get_result_ttl(self.default_result_ttl)
         with self.connection.pipeline() as pipe:
             self.increment_successful_job_count(pipeline=pipe)
             self.increment_total_working_time(job.ended_at - job.started_at, pipe)
-            job._handle_success(
-                result_ttl,
-                pipeline=pipe,
+            job._status = JobStatus.FINISHED
+            ended: dict[FieldT, EncodableT] = {
+                "status": JobStatus.FINISHED,
+                "ended_at": utcformat(job.ended_at),
+            }
+            pipe.hset(job.key, mapping=ended)
+            Result.create(
+                job,
+                Result.Type.SUCCESSFUL,
+                return_value=job._result,
+                ttl=result_ttl,
                 worker_name=self.name,
+                pipeline=pipe,
                 execution_id=execution.id,
                 execution_started_at=execution.created_at,
                 execution_ended_at=job.ended_at,
             )
+            job.finished_job_registry.add(job, result_ttl, pipe)
             pipe.expire(job.key, result_ttl)
             self.cleanup_execution(job, pipeline=pipe, execution=execution)
             pipe.execute()
