@@ -256,8 +256,7 @@ class ConcurrentWorker(SimpleWorker):
         finally:
             self._job_threads.discard(threading.current_thread())
             self._slots.release()
-            if not self.executions:
-                self.set_state(WorkerStatus.IDLE)
+            self.set_state(WorkerStatus.IDLE)  # a no-op while other jobs run
 
     def handle_execution_ended(self, job: Job, queue: Queue, heartbeat_ttl: int) -> None:
         """The job's end time only: RQ also beats the job's heartbeat here, a round trip that
@@ -282,7 +281,6 @@ class ConcurrentWorker(SimpleWorker):
         with self.connection.pipeline() as pipe:
             self.increment_successful_job_count(pipeline=pipe)
             self.increment_total_working_time(job.ended_at - job.started_at, pipe)
-            job._status = JobStatus.FINISHED
             ended: dict[FieldT, EncodableT] = {
                 "status": JobStatus.FINISHED,
                 "ended_at": utcformat(job.ended_at),
