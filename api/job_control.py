@@ -64,13 +64,20 @@ async def submit(
     webhook: WebhookTarget | None = None,
     *,
     batch_job_id: str | None = None,
+    read_here: bool = False,
 ) -> str:
     """Admit and enqueue a job at `priority` (else the caller's key's default); raises
     `ContextLengthExceeded` for a request that can never fit a worker, `QuotaExceeded` or
     `Overloaded` when the key's or the global limit is reached. A batch line comes with
-    its own unique id (`batch_job_id`) and is admitted as one (`scripts.admit`)."""
+    its own unique id (`batch_job_id`) and is admitted as one (`scripts.admit`). A job this
+    process reads (`read_here`) names it as its reader: its worker publishes its tokens on
+    this process's channel (`StreamHub.reader_id`), where the hub listens anyway."""
     job_id = batch_job_id or uuid.uuid4().hex
     settings = state.settings
+    reader = state.hub.reader_id if read_here else None
+    job_fields = {} if webhook is None else dict(webhook.hash_fields())
+    if reader is not None:
+        job_fields[JobField.READER] = reader
     request_log.note_generation(caller.owner, request)
     await state.prompt_fit.check(request, truncating=state.settings.truncate_messages)
     moves = state.connector.primary_moves()
@@ -82,9 +89,9 @@ async def submit(
         caller.max_inflight,
         batch_line=batch_job_id is not None,
         enqueue=queued_job(
-            state.rq_connection, settings, job_id, request, priority or caller.priority
+            state.rq_connection, settings, job_id, request, priority or caller.priority, reader
         ),
-        job_fields=None if webhook is None else webhook.hash_fields(),
+        job_fields=job_fields,
     )
     try:
         reply = await state.scripts.run(admit)

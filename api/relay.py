@@ -178,7 +178,8 @@ async def collect(state: AppState, job_id: str) -> Collected:
     """The job's whole result; raises the job's error if it failed."""
     parts: list[str] = []
     logprobs: list[TokenLogprob] | None = None
-    events = state.hub.events(job_id, idle_s=state.settings.sse_ping_s)
+    reader = state.hub.reader_id  # the routes that collect submitted their job `read_here`
+    events = state.hub.events(job_id, reader=reader, idle_s=state.settings.sse_ping_s)
     async for item in observe_events(state.redis, job_id, events):
         if isinstance(item, Heartbeat):
             continue

@@ -30,9 +30,9 @@ async def first_output(state: AppState, job_id: str, receive: Receive) -> AsyncI
     Raises the job's error if it ended before its first token, and `JobCancelled` (after
     cancelling the job) if the client disconnected first.
     """
-    events = observe_events(
-        state.redis, job_id, state.hub.events(job_id, idle_s=state.settings.sse_ping_s)
-    )
+    reader = state.hub.reader_id  # the streaming routes submit their job `read_here`
+    hub_events = state.hub.events(job_id, reader=reader, idle_s=state.settings.sse_ping_s)
+    events = observe_events(state.redis, job_id, hub_events)
     head: list[StreamItem] = []
 
     async def read_head() -> None:

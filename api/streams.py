@@ -2,8 +2,12 @@
 Redis Cluster token plane, with sharded pub/sub), shared by all its streams.
 
 `StreamHub.events(job_id, after_seq)` yields a job's events in `seq` order and ends with its
-terminal event. Each comes as a `Delivery`, parsed once per message however many streams read
-it, beside its JSON as the log holds it, which a route may forward unchanged. It subscribes
+terminal event. A job read by the API process that admitted it (`reader`: that process's
+`reader_id`) has its token events published on the reader's own channel, many jobs' in one
+message (`shared/lua/emit.lua`), and its other events on its job's channel: the hub listens on
+both (on its own reader channel always, on another process's while it reads a job of it).
+Each event comes as a `Delivery`, parsed once however many streams read it, beside its JSON
+as the log holds it, which a route may forward unchanged. It subscribes
 first, then replays the log, then forwards live events, dropping duplicates by `seq`, so a
 late or reconnecting reader misses nothing. When the pub/sub connection drops (Redis
 restart), the hub connects again and, once its subscriptions are back, each reader re-reads
@@ -24,6 +28,7 @@ import asyncio
 import contextlib
 import functools
 import logging
+import uuid
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from typing import Any
@@ -278,9 +283,20 @@ class StreamHub:
         self._readers: dict[str, set[asyncio.Queue[Any]]] = {}
         self._confirmed: dict[str, asyncio.Event] = {}
         self._channel_listener: dict[str, _Listener] = {}
+        #: Reader channels listened on, and how many readers use each.
+        self._reader_refs: dict[str, int] = {}
         self._started = False
+        #: The id jobs read here name as their reader; None on a Redis Cluster token plane,
+        #: where each job's events go on its own shard channel.
+        self.reader_id: str | None = None
         if not isinstance(client, RedisCluster):
-            self._listeners[""] = _Listener(self, client.connection_pool, sharded=False)
+            listener = self._listeners[""] = _Listener(self, client.connection_pool, sharded=False)
+            self.reader_id = uuid.uuid4().hex
+            own = keys.reader_channel(self.reader_id)
+            self._reader_refs[own] = 1  # listened on for the hub's life
+            self._confirmed[own] = asyncio.Event()
+            self._channel_listener[own] = listener
+            listener.channels.add(own)
 
     def start(self) -> None:
         self._started = True
@@ -296,11 +312,18 @@ class StreamHub:
         return len(self._readers)
 
     async def events(
-        self, job_id: str, *, after_seq: int = -1, idle_s: float = 15.0, ended: bool = False
+        self,
+        job_id: str,
+        *,
+        reader: str | None = None,
+        after_seq: int = -1,
+        idle_s: float = 15.0,
+        ended: bool = False,
     ) -> AsyncIterator[StreamItem]:
-        """Events of `job_id` with `seq > after_seq`, through the terminal one. A job known to
-        have `ended` is read from its log without a subscription, unless the log still lacks
-        its final event (on a token plane of its own, it comes from the outbox)."""
+        """Events of `job_id`, whose reader is `reader` (the job hash's `reader`, None when it
+        has none), with `seq > after_seq`, through the terminal one. A job known to have
+        `ended` is read from its log without a subscription, unless the log still lacks its
+        final event (on a token plane of its own, it comes from the outbox)."""
         last_seq = after_seq
         if ended:
             logged = await self._replay(job_id, last_seq)
@@ -308,7 +331,7 @@ class StreamHub:
                 for delivery in logged:
                     yield delivery
                 return
-        async with self._subscription(job_id) as queue:
+        async with self._subscription(job_id, reader) as queue:
             alarm = _IdleAlarm(queue, idle_s)
             try:
                 pending = await self._replay(job_id, last_seq)
@@ -370,18 +393,25 @@ class StreamHub:
         return listener
 
     @contextlib.asynccontextmanager
-    async def _subscription(self, job_id: str) -> AsyncIterator[asyncio.Queue[Any]]:
+    async def _subscription(
+        self, job_id: str, reader: str | None
+    ) -> AsyncIterator[asyncio.Queue[Any]]:
+        """A reader's queue of `job_id`'s messages, from its job channel and, where the job
+        has a reader on a plain Redis, that reader's channel."""
         channel = keys.job_channel(job_id)
+        reader_channel = None
+        if reader is not None and self.reader_id is not None:
+            reader_channel = keys.reader_channel(reader)
         queue: asyncio.Queue[Any] = asyncio.Queue()
         readers = self._readers.setdefault(channel, set())
         readers.add(queue)
+        if reader_channel is not None:
+            self._reader_refs[reader_channel] = self._reader_refs.get(reader_channel, 0) + 1
         try:
             try:  # a failure here is Redis's (the request answers 503), never a 500
-                if channel not in self._confirmed:
-                    self._confirmed[channel] = asyncio.Event()
-                    listener = self._channel_listener[channel] = await self._listener(channel)
-                    await listener.subscribe(channel)
-                await self._confirmation(channel)
+                await self._listen(channel)
+                if reader_channel is not None:
+                    await self._listen(reader_channel)
             except _CONNECTION_ERRORS as exc:  # TimeoutError is an OSError
                 message = f"pub/sub subscription failed: {exc!r}"
                 raise redis.exceptions.ConnectionError(message) from exc
@@ -390,9 +420,25 @@ class StreamHub:
             readers.discard(queue)
             if not readers:
                 del self._readers[channel]
-                self._confirmed.pop(channel, None)
-                with contextlib.suppress(*_CONNECTION_ERRORS, KeyError):
-                    await self._channel_listener.pop(channel).unsubscribe(channel)
+                await self._unlisten(channel)
+            if reader_channel is not None:
+                self._reader_refs[reader_channel] -= 1
+                if not self._reader_refs[reader_channel]:
+                    del self._reader_refs[reader_channel]
+                    await self._unlisten(reader_channel)
+
+    async def _listen(self, channel: str) -> None:
+        """Subscribe `channel` unless it is already, then wait for its confirmation."""
+        if channel not in self._confirmed:
+            self._confirmed[channel] = asyncio.Event()
+            listener = self._channel_listener[channel] = await self._listener(channel)
+            await listener.subscribe(channel)
+        await self._confirmation(channel)
+
+    async def _unlisten(self, channel: str) -> None:
+        self._confirmed.pop(channel, None)
+        with contextlib.suppress(*_CONNECTION_ERRORS, KeyError):
+            await self._channel_listener.pop(channel).unsubscribe(channel)
 
     async def _confirmation(self, channel: str) -> None:
         """Wait for the subscription's confirmation; a connection that gives none in time is
@@ -417,7 +463,17 @@ class StreamHub:
             confirmed.set()
 
     def deliver(self, channel: str, payload: bytes | str) -> None:
-        readers = self._readers.get(channel)
+        """A message of `channel`: one event of a job channel's job, or a reader channel's
+        events, each on a line `<job id> <event>`."""
+        if channel not in self._reader_refs:
+            self._deliver(self._readers.get(channel), payload)
+            return
+        for line in _text(payload).split("\n"):
+            job_id, _, event = line.partition(" ")
+            self._deliver(self._readers.get(keys.job_channel(job_id)), event)
+
+    @staticmethod
+    def _deliver(readers: set[asyncio.Queue[Any]] | None, payload: bytes | str) -> None:
         if readers:
             delivery = _delivery(payload)
             for queue in readers:

@@ -47,6 +47,7 @@ class JobField(StrEnum):
     ERROR_MESSAGE = "error_message"
     WEBHOOK = "webhook"
     WEBHOOK_EVENTS = "webhook_events"
+    READER = "reader"
 
 
 def error_fields(error: Error) -> dict[str, str]:

@@ -36,6 +36,12 @@ def job_channel(job_id: str) -> str:
     return f"{PREFIX}:job:{{{job_id}}}:channel"
 
 
+def reader_channel(reader: str) -> str:
+    """Pub/sub channel of one API process (`reader`, its `StreamHub.reader_id`): the token
+    events of the jobs it reads, many jobs' in one message (a plain Redis token plane only)."""
+    return f"{PREFIX}:reader:{reader}"
+
+
 def job_text(job_id: str) -> str:
     """String holding a job's whole text, written once by its worker's FINISH (the text of a
     job still running, or ended by another process, is its event log's: `api.job_record`);

@@ -7,7 +7,7 @@ not an import path: workers only run the functions in their allow-list (`worker.
 from __future__ import annotations
 
 import re
-from typing import Literal
+from typing import Any, Literal
 
 import redis
 from rq import Queue
@@ -61,16 +61,22 @@ def queued_job(
     job_id: str,
     request: GenerationRequest,
     priority: Priority = "normal",
+    reader: str | None = None,
 ) -> Enqueue:
     """An admitted job's entry on its model's queue of its priority, as RQ's `enqueue_call`
     would save it (`connection` is never used: RQ's job needs one); ADMIT writes it in the
     script that admits the job (`scripts.admit`). RQ drops the job if it waits longer than
     the allowed queue wait. Its RQ description names the job, not its arguments: RQ's
-    default (the call string, prompt included) is kept in Redis and shown by `rq info`."""
+    default (the call string, prompt included) is kept in Redis and shown by `rq info`.
+    `reader`, the API process that reads the job's events, tells its worker where to publish
+    them (`scripts.emit`)."""
     queue = generation_queue(connection, request.model, priority)
+    kwargs: dict[str, Any] = {"job_id": job_id, "request": request.model_dump(mode="json")}
+    if reader is not None:
+        kwargs["reader"] = reader
     job = queue.create_job(
         GENERATE_FUNCTION,
-        kwargs={"job_id": job_id, "request": request.model_dump(mode="json")},
+        kwargs=kwargs,
         job_id=job_id,
         description=job_description(job_id),
         timeout=settings.job_timeout_s,

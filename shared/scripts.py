@@ -285,14 +285,32 @@ def publish_command(settings: Settings) -> str:
     return "SPUBLISH" if settings.stream_redis_cluster else "PUBLISH"
 
 
-def emit(settings: Settings, events: list[EmitItem]) -> ScriptCall:
+def emit(
+    settings: Settings, events: list[EmitItem], readers: Mapping[str, str] | None = None
+) -> ScriptCall:
     """Append events of several jobs in one round trip, on the token plane (see `emit.lua`);
-    on a Redis Cluster the events of one job only."""
-    script_keys = [key for job_id, _, _ in events for key in _log_keys(job_id)]
+    on a Redis Cluster the events of one job only. A job in `readers` (job id: the id of the
+    API process reading it, on a plain Redis only) has its events published to that
+    process's channel, with the other events there in one message, not to its own."""
+    readers = readers or {}
+    script_keys = [
+        key
+        for job_id, _, _ in events
+        for key in (
+            keys.job_events(job_id),
+            keys.reader_channel(readers[job_id]) if job_id in readers else keys.job_channel(job_id),
+        )
+    ]
+    reader_channels = sorted({keys.reader_channel(reader) for reader in readers.values()})
     flat: list[Arg] = [
         part for job_id, seq, event in events for part in (job_id, seq, log_payload(seq, event))
     ]
-    header: list[Arg] = [settings.event_log_maxlen, publish_command(settings)]
+    header: list[Arg] = [
+        settings.event_log_maxlen,
+        publish_command(settings),
+        len(reader_channels),
+        *reader_channels,
+    ]
     return ScriptCall(EMIT, script_keys, [*header, *flat])
 
 

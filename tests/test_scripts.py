@@ -199,6 +199,43 @@ def test_emit_drops_events_of_jobs_no_longer_running(
     assert sync_redis.get(keys.job_text("x")) is None
 
 
+def test_emit_publishes_the_events_of_a_readers_jobs_in_one_message_per_call(
+    run: SyncScripts, settings: Settings, sync_redis: redis.Redis
+) -> None:
+    """Jobs read by API process `r` have their applied events published on its channel, as
+    lines `<job id> <event>` in one message per call; a job with no reader keeps its own
+    channel, and a resent event is neither logged nor published again."""
+    settings = settings.model_copy(update={"max_inflight": 3})
+    for job_id in ("a", "b", "c"):
+        admit(run, settings, job_id)
+        run.run(scripts.start(settings, job_id, "w1", started()))
+    listener = sync_redis.pubsub()
+    listener.subscribe(keys.reader_channel("r"), keys.job_channel("a"), keys.job_channel("c"))
+    for _ in range(3):  # the subscriptions are in place
+        assert listener.get_message(timeout=5.0)["type"] == "subscribe"  # type: ignore[index]
+
+    def chunk(text: str) -> str:
+        return TokenChunk(text=text, tokens=1).to_wire()
+
+    readers = {"a": "r", "b": "r"}
+    first = [("a", 1, chunk("a1")), ("b", 1, chunk("b1")), ("a", 2, chunk("a2"))]
+    assert run.run(scripts.emit(settings, [*first, ("c", 1, chunk("c1"))], readers)) == [[], []]
+    assert run.run(scripts.emit(settings, [("a", 2, chunk("again")), *first[1:2]], readers)) == [
+        [],
+        [],
+    ]
+    messages = []  # published before the calls returned: already on their way
+    while (message := listener.get_message(timeout=1.0)) is not None:
+        messages.append((message["channel"], message["data"]))
+    listener.close()
+    lines = [f"{job_id} {scripts.log_payload(seq, event)}" for job_id, seq, event in first]
+    assert messages == [
+        (keys.job_channel("c"), scripts.log_payload(1, chunk("c1"))),
+        (keys.reader_channel("r"), "\n".join(lines)),
+    ]
+    assert [e.get("text") for e in log(sync_redis, "a")] == [None, "a1", "a2"]
+
+
 def test_emit_for_an_unknown_job_leaves_no_key_behind(
     run: SyncScripts, settings: Settings, sync_redis: redis.Redis
 ) -> None:

@@ -8,7 +8,7 @@ import redis
 import redis.asyncio
 
 from tokenrelay.api.streams import HEARTBEAT, Delivery, StreamHub
-from tokenrelay.shared import scripts
+from tokenrelay.shared import keys, scripts
 from tokenrelay.shared.events import Done, Started, TokenChunk, Usage
 from tokenrelay.shared.script_runner import SyncScripts
 from tokenrelay.shared.settings import Settings
@@ -105,3 +105,70 @@ async def test_a_reader_gets_a_heartbeat_after_idle_s_of_silence_and_none_while_
     first_beat_at = items[beats[0]][0]
     assert first_beat_at - items[9][0] >= idle_s, "a heartbeat before idle_s of silence"
     assert kinds[-1] == 10 and len(beats) <= 2, kinds
+
+
+class CountingHub(StreamHub):
+    """Counts its log replays: a reader hearing every event live replays once, at its start."""
+
+    replays = 0
+
+    async def _replay(self, job_id: str, after_seq: int):  # type: ignore[no-untyped-def]
+        self.replays += 1
+        return await super()._replay(job_id, after_seq)
+
+
+async def _subscribers(client: redis.asyncio.Redis, channel: str) -> int:
+    return int((await client.pubsub_numsub(channel))[0][1])
+
+
+async def test_a_readers_jobs_reach_it_and_another_process_through_the_readers_channel(
+    settings: Settings, sync_redis: redis.Redis, async_redis: redis.asyncio.Redis
+) -> None:
+    """Two jobs whose reader is hub A: A reads one, hub B (another API process, say a client
+    that reconnected there) the other; both hear every token live from A's channel, and B
+    stops listening there once its reader ends."""
+    run = SyncScripts(sync_redis)
+    home, other = CountingHub(async_redis), CountingHub(async_redis)
+    assert home.reader_id is not None and other.reader_id != home.reader_id
+    readers = {"j1": home.reader_id, "j2": home.reader_id}
+    for job_id in readers:
+        scripts.check_admitted(run.run(scripts.admit(settings, job_id, "o", "m")))
+        run.run(
+            scripts.start(settings, job_id, "w", Started(worker="w", prompt_tokens=1).to_wire())
+        )
+    home.start()
+    other.start()
+    channel = keys.reader_channel(home.reader_id)
+
+    async def read(hub: StreamHub, job_id: str) -> list[int]:
+        seqs = []
+        async for item in hub.events(job_id, reader=home.reader_id, idle_s=30):
+            assert isinstance(item, Delivery)
+            seqs.append(item.event.seq)
+        return seqs
+
+    try:
+        reading = [asyncio.create_task(read(home, "j1")), asyncio.create_task(read(other, "j2"))]
+        async with asyncio.timeout(10):
+            while await _subscribers(async_redis, channel) < 2 or not all(
+                [await _subscribers(async_redis, keys.job_channel(job_id)) for job_id in readers]
+            ):
+                await asyncio.sleep(0.01)
+        for seq in range(1, 11):
+            chunk = TokenChunk(text=f"{seq} ", tokens=1).to_wire()
+            events = [(job_id, seq, chunk) for job_id in readers]
+            await asyncio.to_thread(run.run, scripts.emit(settings, events, readers))
+        usage = Usage(prompt_tokens=1, completion_tokens=10, total_tokens=11)
+        done = Done(finish_reason="length", usage=usage).to_wire()
+        for job_id in readers:
+            await asyncio.to_thread(
+                run.run, scripts.finish(settings, job_id, "succeeded", {}, done)
+            )
+        assert await asyncio.wait_for(asyncio.gather(*reading), 10) == [list(range(12))] * 2
+        assert (home.replays, other.replays) == (1, 1)  # every token came live
+        async with asyncio.timeout(10):
+            while await _subscribers(async_redis, channel) != 1:  # B left, A listens on
+                await asyncio.sleep(0.01)
+    finally:
+        await home.close()
+        await other.close()

@@ -37,6 +37,8 @@ class JobLog:
     """One running job's events from `FIRST_SEQ` on; Redis holds every seq below `acked`."""
 
     job_id: str
+    #: The API process reading the job, whose channel its token events go to (plain Redis).
+    reader: str | None = None
     events: list[tuple[str, str]] = field(default_factory=list)
     acked: int = FIRST_SEQ
 
@@ -112,10 +114,11 @@ class Courier:
             batches = [[item for job_log in logs for item in job_log.unacked()]]
         if not any(batches):
             return True
+        readers = {job_log.job_id: job_log.reader for job_log in logs if job_log.reader}
         replies: list[scripts.EmitReply] = []
         try:
             for items in batches:
-                reply = self._scripts.run(scripts.emit(self._settings, items))
+                reply = self._scripts.run(scripts.emit(self._settings, items, readers))
                 replies.append(scripts.parse_emit(reply))
         except RedisError as exc:
             count = sum(len(items) for items in batches)

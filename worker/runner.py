@@ -83,8 +83,11 @@ class JobRunner:
         self._active = active
         self._courier = Courier(self._plane_scripts, settings, active)
 
-    def generate(self, job_id: str, request: dict[str, Any]) -> dict[str, str]:
-        """Run the job; returns its terminal status. Raises if it failed (RQ marks it failed)."""
+    def generate(
+        self, job_id: str, request: dict[str, Any], reader: str | None = None
+    ) -> dict[str, str]:
+        """Run the job, whose events the API process `reader` reads (if any); returns its
+        terminal status. Raises if it failed (RQ marks it failed)."""
         parsed = GenerationRequest.model_validate(request)
         if parsed.prompt is not None:
             prompt_ids = self._engine.encode_prompt(parsed.prompt)
@@ -106,7 +109,7 @@ class JobRunner:
             if status != JobStatus.RUNNING:
                 log.info("job %s not started: %s", job_id, status)
                 return {"status": str(status)}
-            return {"status": self._run_started(job_id, parsed, prompt_ids)}
+            return {"status": self._run_started(job_id, parsed, prompt_ids, reader)}
         except _GivenBack:
             return {"status": JobStatus.QUEUED}
         finally:
@@ -144,8 +147,10 @@ class JobRunner:
                 continue  # on the new primary, which the process's clients now reach
             return status
 
-    def _run_started(self, job_id: str, request: GenerationRequest, prompt_ids: list[int]) -> str:
-        fresh_log = JobLog(job_id)
+    def _run_started(
+        self, job_id: str, request: GenerationRequest, prompt_ids: list[int], reader: str | None
+    ) -> str:
+        fresh_log = JobLog(job_id, None if self._settings.stream_redis_cluster else reader)
         job_log: JobLog | None = fresh_log
         try:
             self._check_fits(request, len(prompt_ids))

@@ -109,7 +109,9 @@ async def prompt_completion(
             max_tokens=body.get("max_tokens"),
             temperature=body.get("temperature"),
         )
-        job_id = await submit(state, caller, chat.to_generation(state.settings), chat.priority)
+        job_id = await submit(
+            state, caller, chat.to_generation(state.settings), chat.priority, read_here=True
+        )
         if _wants_stream(http, body):
             events = await first_output(state, job_id, http.receive)
             return StreamingResponse(
@@ -142,7 +144,9 @@ async def article_chat(
         stop=body.user_stop_words or None,
         include_stop_str_in_output=True,
     )
-    job_id = await submit(state, caller, chat.to_generation(state.settings), chat.priority)
+    job_id = await submit(
+        state, caller, chat.to_generation(state.settings), chat.priority, read_here=True
+    )
     if body.stream:
         events = await first_output(state, job_id, http.receive)
         return StreamingResponse(relay(state, job_id, events, _CumulativeText()))

@@ -48,7 +48,7 @@ async def create_chat_completion(
     request = body.to_generation(state.settings)
     tools = body.tool_selection()
     parser = ToolCallParser(parallel=tools.parallel) if tools.parse else None
-    job_id = await submit(state, caller, request, body.priority)
+    job_id = await submit(state, caller, request, body.priority, read_here=True)
     if body.stream:
         include_usage = bool(body.stream_options and body.stream_options.include_usage)
         events = await first_output(state, job_id, http.receive)

@@ -39,7 +39,7 @@ async def create_completion(
     job_ids: list[str] = []
     try:
         for generation in body.to_generations(state.settings):
-            job_ids.append(await submit(state, caller, generation, body.priority))
+            job_ids.append(await submit(state, caller, generation, body.priority, read_here=True))
         include_usage = bool(body.stream_options and body.stream_options.include_usage)
         response_id = f"cmpl-{job_ids[0]}"
         renders = [

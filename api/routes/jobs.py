@@ -17,8 +17,9 @@ from tokenrelay.api.job_request import JobRequest
 from tokenrelay.api.model_routing import check_model
 from tokenrelay.api.relay import relay
 from tokenrelay.api.streams import Delivery
+from tokenrelay.shared import keys, scripts
 from tokenrelay.shared.errors import InvalidRequest, RedisUnavailable
-from tokenrelay.shared.jobs import JobRecord
+from tokenrelay.shared.jobs import JobField, JobRecord
 
 router = APIRouter(prefix="/v1/jobs", tags=["jobs"], responses=JOB_ERRORS)
 
@@ -73,7 +74,10 @@ async def job_events(
         if last is None or last.event.seq <= after_seq:
             return Response(status_code=204)
     idle_s = state.settings.sse_ping_s
-    events = state.hub.events(job_id, after_seq=after_seq, idle_s=idle_s, ended=ended)
+    reader = scripts.decode_text(await state.redis.hget(keys.job(job_id), JobField.READER))
+    events = state.hub.events(
+        job_id, reader=reader, after_seq=after_seq, idle_s=idle_s, ended=ended
+    )
     return sse.response(relay(state, job_id, events, _JobEventsSSE(), cancel_on_leave=False))
 
 

@@ -7,7 +7,11 @@ running job, so one EMIT call carries one event per job).
 
 - `current`: `tokenrelay.shared.scripts.EMIT` — per event XADD `1-*` NOMKSTREAM (the log
   numbers the event; it is kept only when that is the worker's seq, and refused once the job
-  ended: its log is closed) and PUBLISH; no text (FINISH stores it whole).
+  ended: its log is closed) and PUBLISH on the job's channel; no text (FINISH stores it
+  whole): a job without a reader (submitted to run on its own).
+- `reader`: the same script for jobs read by one API process (every chat or completion job:
+  `scripts.emit`'s `readers`): their events go on that process's channel, one PUBLISH per
+  call.
 - `issue-16a`: EMIT as issue 16's first pass landed it (`ISSUE_16A_EMIT_BODY`), for the
   ratio in the same run — per event HINCRBY next_seq, XADD, PUBLISH.
 - `issue-13`: EMIT as issue 13 landed it (`PREVIOUS_EMIT_BODY` on today's library and
@@ -147,7 +151,9 @@ _BODIES: dict[str, str | None] = {
     "issue-13": PREVIOUS_EMIT_BODY,
     "issue-16a": ISSUE_16A_EMIT_BODY,
     "current": None,
+    "reader": None,
 }
+_READER = "bench-api-process"
 _EVENT = '{"type":"token","text":"lorem ","tokens":1}'
 
 
@@ -171,7 +177,8 @@ def measure(
         client.hset(keys.job(job_id), mapping=running)
         client.xadd(keys.job_events(job_id), {"e": _EVENT}, id="1-0")  # START's event
     stop = threading.Event()
-    channels = [keys.job_channel(job_id) for job_id in job_ids]
+    channels = [keys.job_channel(job_id) for job_id in job_ids] + [keys.reader_channel(_READER)]
+    readers = {job_id: _READER for job_id in job_ids} if variant == "reader" else None
     drainer = threading.Thread(target=drain, args=(port, channels, stop), daemon=True)
     drainer.start()
     time.sleep(0.2)
@@ -188,7 +195,8 @@ def measure(
 
         def send() -> object:
             seq = next(sent)  # EMIT applies each job's next seq only
-            call = scripts.emit(settings, [(job_id, seq, _EVENT) for job_id in job_ids])
+            events = [(job_id, seq, _EVENT) for job_id in job_ids]
+            call = scripts.emit(settings, events, readers)
             if body is None:
                 return script(keys=call.keys, args=call.args)
             header = library_call.args[: scripts.LIBRARY_ARGC]

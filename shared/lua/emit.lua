@@ -1,8 +1,12 @@
 -- EMIT (after plane.lua), on the token plane: KEYS[2k - 1], KEYS[2k] the event log and the
 -- channel of the k-th event's job; ARGV[1] event log MAXLEN (approximate), ARGV[2] the publish
 -- command (PUBLISH; SPUBLISH on a cluster, where a call carries the events of one job only),
--- ARGV[3..] triples: job id, seq, event (JSON as the log holds it, seq first: built by
--- `shared.scripts.emit`, so Redis does no string work per event). The running job's worker
+-- ARGV[3] the number n of reader channels that follow, ARGV[4..3 + n] those channels (a plain
+-- Redis only), then triples: job id, seq, event (JSON as the log holds it, seq first: built by
+-- `shared.scripts.emit`, so Redis does no string work per event). An event whose channel is a
+-- reader channel (the API process that reads its job: `keys.reader_channel`) is published
+-- there, with the call's other events for that reader, as one message of lines
+-- `<job id> <event>`: one PUBLISH per reader and call, not one per event. The running job's worker
 -- numbers its events; the job's log numbers its entries `1-<seq>` (plane.lua), so an event is
 -- appended with the id `1-*`, which the stream numbers as its next seq, and is kept only when
 -- that is the worker's seq: a resend of an applied one is a no-op, and a gap (the log lost
@@ -33,11 +37,16 @@ local function rewind(log, last)
   end
 end
 
-local maxlen, publish = tonumber(ARGV[1]), ARGV[2]
-for i = 3, #ARGV, 3 do
+local maxlen, publish, readers = tonumber(ARGV[1]), ARGV[2], tonumber(ARGV[3])
+local batched = {}  -- reader channel: its lines
+for i = 4, 3 + readers do
+  batched[ARGV[i]] = {}
+end
+local first = 4 + readers
+for i = first, #ARGV, 3 do
   local id, seq_text = ARGV[i], ARGV[i + 1]
   local seq = tonumber(seq_text)
-  local log, channel = KEYS[(i - 3) / 3 * 2 + 1], KEYS[(i - 3) / 3 * 2 + 2]
+  local log, channel = KEYS[(i - first) / 3 * 2 + 1], KEYS[(i - first) / 3 * 2 + 2]
   if not refused[id] and not (expect[id] and seq < expect[id]) then  -- not a known resend
     local payload = ARGV[i + 2]
     local added
@@ -50,7 +59,12 @@ for i = 3, #ARGV, 3 do
       refused[id] = true
       table.insert(gone, id)
     elseif added == '1-' .. seq_text then
-      redis.call(publish, channel, payload)
+      local lines = batched[channel]
+      if lines then
+        lines[#lines + 1] = id .. ' ' .. payload
+      else
+        redis.call(publish, channel, payload)
+      end
     else
       local next_seq = tonumber(string.sub(added, 3))
       redis.call('XDEL', log, added)
@@ -62,6 +76,11 @@ for i = 3, #ARGV, 3 do
         table.insert(behind, next_seq)
       end
     end
+  end
+end
+for channel, lines in pairs(batched) do
+  if #lines > 0 then
+    redis.call(publish, channel, table.concat(lines, '\n'))
   end
 end
 return {gone, behind}
