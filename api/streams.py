@@ -464,12 +464,12 @@ class StreamHub:
 
     def deliver(self, channel: str, payload: bytes | str) -> None:
         """A message of `channel`: one event of a job channel's job, or a reader channel's
-        events, each on a line `<job id> <event>`."""
+        events, each as two lines: its job id, then the event."""
         if channel not in self._reader_refs:
             self._deliver(self._readers.get(channel), payload)
             return
-        for line in _text(payload).split("\n"):
-            job_id, _, event = line.partition(" ")
+        lines = iter(_text(payload).split("\n"))
+        for job_id, event in zip(lines, lines, strict=True):
             self._deliver(self._readers.get(keys.job_channel(job_id)), event)
 
     @staticmethod

@@ -291,7 +291,7 @@ def emit(
     """Append events of several jobs in one round trip, on the token plane (see `emit.lua`);
     on a Redis Cluster the events of one job only. A job in `readers` (job id: the id of the
     API process reading it, on a plain Redis only) has its events published to that
-    process's channel, with the other events there in one message, not to its own."""
+    process's channel, with the call's other events for it in one message, not to its own."""
     readers = readers or {}
     script_keys = [
         key

@@ -203,8 +203,8 @@ def test_emit_publishes_the_events_of_a_readers_jobs_in_one_message_per_call(
     run: SyncScripts, settings: Settings, sync_redis: redis.Redis
 ) -> None:
     """Jobs read by API process `r` have their applied events published on its channel, as
-    lines `<job id> <event>` in one message per call; a job with no reader keeps its own
-    channel, and a resent event is neither logged nor published again."""
+    lines (each event's job id, then the event) in one message per call; a job with no
+    reader keeps its own channel, and a resent event is neither logged nor published again."""
     settings = settings.model_copy(update={"max_inflight": 3})
     for job_id in ("a", "b", "c"):
         admit(run, settings, job_id)
@@ -228,7 +228,9 @@ def test_emit_publishes_the_events_of_a_readers_jobs_in_one_message_per_call(
     while (message := listener.get_message(timeout=1.0)) is not None:
         messages.append((message["channel"], message["data"]))
     listener.close()
-    lines = [f"{job_id} {scripts.log_payload(seq, event)}" for job_id, seq, event in first]
+    lines = [
+        line for job_id, seq, event in first for line in (job_id, scripts.log_payload(seq, event))
+    ]
     assert messages == [
         (keys.job_channel("c"), scripts.log_payload(1, chunk("c1"))),
         (keys.reader_channel("r"), "\n".join(lines)),

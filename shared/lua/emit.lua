@@ -5,8 +5,9 @@
 -- Redis only), then triples: job id, seq, event (JSON as the log holds it, seq first: built by
 -- `shared.scripts.emit`, so Redis does no string work per event). An event whose channel is a
 -- reader channel (the API process that reads its job: `keys.reader_channel`) is published
--- there, with the call's other events for that reader, as one message of lines
--- `<job id> <event>`: one PUBLISH per reader and call, not one per event. The running job's worker
+-- there, with the call's other events for that reader, as one message of lines: each
+-- event's job id, then the event: one PUBLISH per reader and call, not one per event (and no
+-- string built per event). The running job's worker
 -- numbers its events; the job's log numbers its entries `1-<seq>` (plane.lua), so an event is
 -- appended with the id `1-*`, which the stream numbers as its next seq, and is kept only when
 -- that is the worker's seq: a resend of an applied one is a no-op, and a gap (the log lost
@@ -61,7 +62,8 @@ for i = first, #ARGV, 3 do
     elseif added == '1-' .. seq_text then
       local lines = batched[channel]
       if lines then
-        lines[#lines + 1] = id .. ' ' .. payload
+        lines[#lines + 1] = id
+        lines[#lines + 1] = payload
       else
         redis.call(publish, channel, payload)
       end
