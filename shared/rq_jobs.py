@@ -24,6 +24,8 @@ from tokenrelay.shared.scripts import Enqueue, decode_text
 from tokenrelay.shared.settings import Settings
 
 GENERATE_FUNCTION = "tokenrelay.generate"
+READER_KEY = "tokenrelay_reader"
+"""The key of a generation job's request payload naming the API process that reads it."""
 Priority = Literal["high", "normal", "low"]
 PRIORITIES: tuple[Priority, ...] = ("high", "normal", "low")
 JOB_ID_PATTERN = re.compile(r"^[A-Za-z0-9_-]{1,128}$")
@@ -69,14 +71,16 @@ def queued_job(
     the allowed queue wait. Its RQ description names the job, not its arguments: RQ's
     default (the call string, prompt included) is kept in Redis and shown by `rq info`.
     `reader`, the API process that reads the job's events, tells its worker where to publish
-    them (`scripts.emit`)."""
+    them (`scripts.emit`): it rides in the request's payload (`READER_KEY`), which a worker
+    from before reader channels ignores (`GenerationRequest` ignores unknown fields), so it
+    runs the job as before instead of failing it over an unexpected argument."""
     queue = generation_queue(connection, request.model, priority)
-    kwargs: dict[str, Any] = {"job_id": job_id, "request": request.model_dump(mode="json")}
+    payload: dict[str, Any] = request.model_dump(mode="json")
     if reader is not None:
-        kwargs["reader"] = reader
+        payload[READER_KEY] = reader
     job = queue.create_job(
         GENERATE_FUNCTION,
-        kwargs=kwargs,
+        kwargs={"job_id": job_id, "request": payload},
         job_id=job_id,
         description=job_description(job_id),
         timeout=settings.job_timeout_s,

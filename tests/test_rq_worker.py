@@ -23,6 +23,7 @@ from tokenrelay.shared.errors import Overloaded
 from tokenrelay.shared.generation import ChatMessage, GenerationRequest
 from tokenrelay.shared.rq_jobs import (
     GENERATE_FUNCTION,
+    READER_KEY,
     Priority,
     generation_queue,
     job_description,
@@ -72,6 +73,34 @@ def test_enqueued_generation_runs_the_allow_listed_function_with_json_kwargs(
     worker = build_worker(connection, "test-worker", {GENERATE_FUNCTION: generate}, model="m")
     worker.work(burst=True)
     assert calls == [{"job_id": "job1", "request": request.model_dump(mode="json")}]
+    connection.close()
+
+
+def test_a_jobs_reader_rides_in_its_request_which_a_worker_from_before_reads_unchanged(
+    redis_url: str,
+) -> None:
+    """The API process reading a job is named inside the request's payload, not as an
+    argument a worker from before reader channels would refuse: such a worker's
+    `GenerationRequest.model_validate` reads the same request (and publishes per job)."""
+    connection = redis.Redis.from_url(redis_url)
+    request = GenerationRequest(
+        model="m", messages=(ChatMessage(role="user", content="hi"),), max_tokens=3
+    )
+    entry = queued_job(connection, Settings(redis_url=redis_url), "r1", request, reader="api-7")
+    admit = scripts.admit(Settings(redis_url=redis_url), "r1", "o", "m", enqueue=entry)
+    scripts.check_admitted(SyncScripts(connection).run(admit))
+    calls: list[dict[str, object]] = []
+
+    def generate_before_reader_channels(job_id: str, request: dict[str, object]) -> dict[str, str]:
+        calls.append(request)
+        return {"status": "succeeded"}
+
+    worker = build_worker(
+        connection, "old-worker", {GENERATE_FUNCTION: generate_before_reader_channels}, model="m"
+    )
+    worker.work(burst=True)
+    assert calls == [{**request.model_dump(mode="json"), READER_KEY: "api-7"}]
+    assert GenerationRequest.model_validate(calls[0]) == request
     connection.close()
 
 

@@ -35,6 +35,7 @@ from tokenrelay.shared.events import Done, Error, Started, Usage
 from tokenrelay.shared.generation import GenerationRequest
 from tokenrelay.shared.jobs import JobField, JobStatus, error_fields
 from tokenrelay.shared.model_limits import ModelLimits
+from tokenrelay.shared.rq_jobs import READER_KEY
 from tokenrelay.shared.script_runner import SyncScripts
 from tokenrelay.shared.settings import Settings
 from tokenrelay.shared.truncation import truncate_oldest
@@ -83,12 +84,12 @@ class JobRunner:
         self._active = active
         self._courier = Courier(self._plane_scripts, settings, active)
 
-    def generate(
-        self, job_id: str, request: dict[str, Any], reader: str | None = None
-    ) -> dict[str, str]:
-        """Run the job, whose events the API process `reader` reads (if any); returns its
-        terminal status. Raises if it failed (RQ marks it failed)."""
+    def generate(self, job_id: str, request: dict[str, Any]) -> dict[str, str]:
+        """Run the job (with the API process that reads its events, if the request names one:
+        `rq_jobs.READER_KEY`); returns its terminal status. Raises if it failed (RQ marks it
+        failed)."""
         parsed = GenerationRequest.model_validate(request)
+        reader: str | None = request.get(READER_KEY)
         if parsed.prompt is not None:
             prompt_ids = self._engine.encode_prompt(parsed.prompt)
         elif self._settings.truncate_messages:
