@@ -1,0 +1,101 @@
+"""Reader channels through real processes: a chat stream on one API process, its job's event
+stream read on another, while the worker publishes the job's tokens on the first one's
+channel (`keys.reader_channel`)."""
+
+from __future__ import annotations
+
+import json
+import threading
+
+import httpx
+import pytest
+import redis
+
+from tests.cluster import MODEL_NAME, ClusterFactory
+from tokenrelay.shared import keys
+from tokenrelay.shared.jobs import JobField
+
+pytestmark = pytest.mark.e2e
+
+TOKENS = 40  # 2 s at 20 tok/s: the second reader joins while the job runs
+
+
+def test_a_chat_job_streams_whole_on_its_api_process_and_on_another(
+    make_cluster: ClusterFactory,
+) -> None:
+    cluster = make_cluster(
+        {
+            "TOKENRELAY_ENGINE": "synthetic",
+            "TOKENRELAY_ALLOW_SYNTHETIC_ENGINE": "1",
+            "TOKENRELAY_SYNTHETIC_TOKENS_PER_S": "20",
+        },
+        api_workers=0,
+    )
+    cluster.start_api()
+    home = cluster.base_url
+    cluster.start_api()
+    other = cluster.base_url
+    control = redis.Redis.from_url(cluster.redis_url, decode_responses=True)
+    body = {
+        "model": MODEL_NAME,
+        "messages": [{"role": "user", "content": "hi"}],
+        "max_tokens": TOKENS,
+        "stream": True,
+    }
+    chat_text: list[str] = []
+    job_ids: list[str] = []
+    first_chunk = threading.Event()
+
+    def stream_chat() -> None:
+        with (
+            httpx.Client(base_url=home, timeout=30) as http,
+            http.stream("POST", "/v1/chat/completions", json=body) as response,
+        ):
+            assert response.status_code == 200
+            for line in response.iter_lines():
+                if not line.startswith("data: ") or line == "data: [DONE]":
+                    continue
+                chunk = json.loads(line.removeprefix("data: "))
+                job_ids.append(chunk["id"].removeprefix("chatcmpl-"))
+                if chunk["choices"] and chunk["choices"][0]["delta"].get("content"):
+                    chat_text.append(chunk["choices"][0]["delta"]["content"])
+                    first_chunk.set()
+
+    chat = threading.Thread(target=stream_chat)
+    chat.start()
+    try:
+        assert first_chunk.wait(30), "no token reached the chat stream"
+        job_id = job_ids[0]
+        reader = control.hget(keys.job(job_id), JobField.READER)
+        assert reader is not None  # the home process named itself
+        channel = keys.reader_channel(reader)
+        overheard = control.pubsub()
+        overheard.subscribe(channel)  # what the worker publishes there from now on
+        events = []
+        listeners = []
+        with (
+            httpx.Client(base_url=other, timeout=30) as http,
+            http.stream("GET", f"/v1/jobs/{job_id}/events") as response,
+        ):
+            assert response.status_code == 200
+            for line in response.iter_lines():
+                if line.startswith("data: "):
+                    events.append(json.loads(line.removeprefix("data: ")))
+                    if len(events) == 2:  # the other process listens on the home channel
+                        listeners.append(control.pubsub_numsub(channel)[0][1])
+    finally:
+        chat.join(30)
+    assert not chat.is_alive()
+    assert listeners == [3]  # the home process, the other one, and this test
+    messages = []
+    while (message := overheard.get_message(timeout=1.0)) is not None:
+        messages.append(message)
+    overheard.close()
+    carried = [m["data"].split("\n") for m in messages if m["type"] == "message"]
+    assert carried and all(lines[0] == job_id for lines in carried)  # the tokens came here
+    assert [e["seq"] for e in events] == list(range(len(events)))
+    assert events[0]["type"] == "started" and events[-1]["type"] == "done"
+    tokens = [e for e in events if e["type"] == "token"]
+    assert sum(e["tokens"] for e in tokens) == TOKENS
+    assert "".join(e["text"] for e in tokens) == "".join(chat_text)
+    control.close()
