@@ -140,7 +140,8 @@ def test_a_jobs_start_and_finish_each_read_its_hash_once_and_write_it_once(
 ) -> None:
     """The per-job scripts' commands, pinned: START reads the job's status, worker and
     webhook in one HMGET; FINISH reads status, owner set and webhook in one, its log's next
-    seq once, and writes the hash's fields in one HSET (it ran 21 commands, 4 of them HSETs)."""
+    seq once, and writes the hash's fields in one HSET (it ran 21 commands, 4 of them HSETs),
+    and sets the TTL of its text as it stores it, not before."""
     done = Done(
         finish_reason="stop", usage=Usage(prompt_tokens=3, completion_tokens=0, total_tokens=3)
     )
@@ -151,7 +152,8 @@ def test_a_jobs_start_and_finish_each_read_its_hash_once_and_write_it_once(
         start = scripts.start(settings, job_id, "w1", started())
         finish = scripts.finish(settings, job_id, "succeeded", fields, done.to_wire(), 1, "")
         commands = [_commands_of(sync_redis, run, call) for call in (start, finish)]
-    assert commands == [9, 14]
+    assert commands == [9, 13]
+    assert 0 < sync_redis.ttl(keys.job_text("c")) <= settings.result_ttl_s
     assert sync_redis.hmget(keys.job("c"), "status", "finish_reason", "completion_tokens") == [
         "succeeded",
         "stop",

@@ -86,8 +86,8 @@ local function finish(id, status, fields, event, reads, seq)
   redis.call('HSET', h, unpack(hash))
   if PLANE_HERE then
     log_close(key(T_LOG, id), key(T_CHAN, id), LOG_MAXLEN, 'PUBLISH', event, seq)
+    -- No text key yet: only the worker's FINISH stores one, after this, with its TTL.
     redis.call('EXPIRE', key(T_LOG, id), RESULT_TTL)
-    redis.call('EXPIRE', key(T_TEXT, id), RESULT_TTL)
   elseif event ~= '' then
     redis.call('HSET', OUTBOX, id, event)
   end
