@@ -3,6 +3,7 @@ on the shared process harness (`tokenrelay.cli.harness`)."""
 
 from __future__ import annotations
 
+import json
 import os
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -10,10 +11,39 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import httpx
+
 from tokenrelay.cli.embedded_redis import EmbeddedRedis, free_port
 from tokenrelay.cli.harness import Child, ProcessGroup, tokenrelay_env
 
 MODEL_NAME = "tiny"
+
+
+def synthetic_engine(tokens_per_s: float = 20) -> dict[str, str]:
+    """Settings of workers on the model-free engine, at `tokens_per_s` per job."""
+    return {
+        "TOKENRELAY_ENGINE": "synthetic",
+        "TOKENRELAY_ALLOW_SYNTHETIC_ENGINE": "1",
+        "TOKENRELAY_SYNTHETIC_TOKENS_PER_S": str(tokens_per_s),
+    }
+
+
+def stream_chat(base_url: str, max_tokens: int, messages: list[dict[str, str]]) -> tuple[str, str]:
+    """One streamed chat completion: its job id and the text its chunks carried."""
+    body = {"model": MODEL_NAME, "messages": messages, "max_tokens": max_tokens, "stream": True}
+    parts, job_id = [], ""
+    with (
+        httpx.Client(base_url=base_url, timeout=60) as http,
+        http.stream("POST", "/v1/chat/completions", json=body) as response,
+    ):
+        assert response.status_code == 200
+        for line in response.iter_lines():
+            if not line.startswith("data: ") or line == "data: [DONE]":
+                continue
+            data = json.loads(line.removeprefix("data: "))
+            job_id = data["id"].removeprefix("chatcmpl-")
+            parts += [c["delta"].get("content") or "" for c in data["choices"]]
+    return job_id, "".join(parts)
 
 
 @dataclass

@@ -11,7 +11,8 @@ import httpx
 import pytest
 import redis
 
-from tests.cluster import MODEL_NAME, ClusterFactory
+from tests.cluster import ClusterFactory, stream_chat, synthetic_engine
+from tokenrelay.cli.harness import eventually
 from tokenrelay.shared import keys
 from tokenrelay.shared.jobs import JobField
 
@@ -23,49 +24,21 @@ TOKENS = 40  # 2 s at 20 tok/s: the second reader joins while the job runs
 def test_a_chat_job_streams_whole_on_its_api_process_and_on_another(
     make_cluster: ClusterFactory,
 ) -> None:
-    cluster = make_cluster(
-        {
-            "TOKENRELAY_ENGINE": "synthetic",
-            "TOKENRELAY_ALLOW_SYNTHETIC_ENGINE": "1",
-            "TOKENRELAY_SYNTHETIC_TOKENS_PER_S": "20",
-        },
-        api_workers=0,
-    )
+    cluster = make_cluster(synthetic_engine(20), api_workers=0)
     cluster.start_api()
     home = cluster.base_url
     cluster.start_api()
     other = cluster.base_url
     control = redis.Redis.from_url(cluster.redis_url, decode_responses=True)
-    body = {
-        "model": MODEL_NAME,
-        "messages": [{"role": "user", "content": "hi"}],
-        "max_tokens": TOKENS,
-        "stream": True,
-    }
-    chat_text: list[str] = []
-    job_ids: list[str] = []
-    first_chunk = threading.Event()
-
-    def stream_chat() -> None:
-        with (
-            httpx.Client(base_url=home, timeout=30) as http,
-            http.stream("POST", "/v1/chat/completions", json=body) as response,
-        ):
-            assert response.status_code == 200
-            for line in response.iter_lines():
-                if not line.startswith("data: ") or line == "data: [DONE]":
-                    continue
-                chunk = json.loads(line.removeprefix("data: "))
-                job_ids.append(chunk["id"].removeprefix("chatcmpl-"))
-                if chunk["choices"] and chunk["choices"][0]["delta"].get("content"):
-                    chat_text.append(chunk["choices"][0]["delta"]["content"])
-                    first_chunk.set()
-
-    chat = threading.Thread(target=stream_chat)
-    chat.start()
+    chat: list[tuple[str, str]] = []
+    streaming = threading.Thread(
+        target=lambda: chat.append(stream_chat(home, TOKENS, [{"role": "user", "content": "hi"}]))
+    )
+    streaming.start()
     try:
-        assert first_chunk.wait(30), "no token reached the chat stream"
-        job_id = job_ids[0]
+        eventually(lambda: control.lindex(keys.recent_jobs(), 0), 30, "the chat's job")
+        job_id = control.lindex(keys.recent_jobs(), 0)
+        assert job_id is not None
         reader = control.hget(keys.job(job_id), JobField.READER)
         assert reader is not None  # the home process named itself
         channel = keys.reader_channel(reader)
@@ -84,8 +57,8 @@ def test_a_chat_job_streams_whole_on_its_api_process_and_on_another(
                     if len(events) == 2:  # the other process listens on the home channel
                         listeners.append(control.pubsub_numsub(channel)[0][1])
     finally:
-        chat.join(30)
-    assert not chat.is_alive()
+        streaming.join(30)
+    assert not streaming.is_alive()
     assert listeners == [3]  # the home process, the other one, and this test
     messages = []
     while (message := overheard.get_message(timeout=1.0)) is not None:
@@ -97,5 +70,5 @@ def test_a_chat_job_streams_whole_on_its_api_process_and_on_another(
     assert events[0]["type"] == "started" and events[-1]["type"] == "done"
     tokens = [e for e in events if e["type"] == "token"]
     assert sum(e["tokens"] for e in tokens) == TOKENS
-    assert "".join(e["text"] for e in tokens) == "".join(chat_text)
+    assert chat == [(job_id, "".join(e["text"] for e in tokens))]
     control.close()

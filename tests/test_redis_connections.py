@@ -16,7 +16,7 @@ import psutil
 import pytest
 import redis
 
-from tests.cluster import MODEL_NAME, ClusterFactory
+from tests.cluster import MODEL_NAME, ClusterFactory, synthetic_engine
 from tokenrelay.shared import keys
 
 pytestmark = pytest.mark.e2e
@@ -71,9 +71,7 @@ def test_a_burst_of_streams_keeps_redis_connections_within_the_pool_sizes(
 ) -> None:
     cluster = make_cluster(
         {
-            "TOKENRELAY_ENGINE": "synthetic",
-            "TOKENRELAY_ALLOW_SYNTHETIC_ENGINE": "1",
-            "TOKENRELAY_SYNTHETIC_TOKENS_PER_S": "20",
+            **synthetic_engine(20),
             "TOKENRELAY_WORKER_CONCURRENCY": str(STREAMS),
             "TOKENRELAY_MAX_INFLIGHT": str(STREAMS),
             "TOKENRELAY_REDIS_POOL_SIZE": str(API_POOL),

@@ -172,3 +172,19 @@ async def test_a_readers_jobs_reach_it_and_another_process_through_the_readers_c
     finally:
         await home.close()
         await other.close()
+
+
+async def test_a_reader_channel_message_with_a_line_short_is_dropped_not_raised(
+    async_redis: redis.asyncio.Redis,
+) -> None:
+    """A message whose last event lost its line (not one EMIT writes) leaves the hub's read
+    loop running: the complete pairs before it are delivered, the odd line is dropped."""
+    hub = StreamHub(async_redis)
+    assert hub.reader_id is not None
+    queue: asyncio.Queue[object] = asyncio.Queue()
+    hub._readers[keys.job_channel("j")] = {queue}
+    event = scripts.log_payload(1, TokenChunk(text="a", tokens=1).to_wire())
+    hub.deliver(keys.reader_channel(hub.reader_id), f"j\n{event}\nj")
+    delivered = queue.get_nowait()
+    assert isinstance(delivered, Delivery) and delivered.raw == event
+    assert queue.empty()

@@ -20,7 +20,7 @@ import redis.asyncio.cluster
 import redis.cluster
 from fastapi.testclient import TestClient
 
-from tests.cluster import MODEL_NAME, Cluster, ClusterFactory
+from tests.cluster import MODEL_NAME, Cluster, ClusterFactory, stream_chat
 from tokenrelay.api.app import create_app
 from tokenrelay.api.streams import Delivery, StreamHub
 from tokenrelay.cli.embedded_cluster import EmbeddedCluster, embedded_cluster
@@ -239,24 +239,6 @@ def gateway(make_module_cluster: ClusterFactory, shards: EmbeddedCluster) -> Clu
     )
 
 
-def stream_chat(base_url: str, max_tokens: int) -> tuple[str, str]:
-    """One streamed chat completion: its job id and the text its chunks carried."""
-    body = {"model": MODEL_NAME, "messages": MESSAGES, "max_tokens": max_tokens, "stream": True}
-    parts, job_id = [], ""
-    with (
-        httpx.Client(base_url=base_url, timeout=60) as http,
-        http.stream("POST", "/v1/chat/completions", json=body) as response,
-    ):
-        assert response.status_code == 200
-        for line in response.iter_lines():
-            if not line.startswith("data: ") or line == "data: [DONE]":
-                continue
-            data = json.loads(line.removeprefix("data: "))
-            job_id = data["id"].removeprefix("chatcmpl-")
-            parts += [c["delta"].get("content") or "" for c in data["choices"]]
-    return job_id, "".join(parts)
-
-
 def test_chat_streams_replays_and_cancels_with_the_token_plane_on_a_cluster(
     gateway: Cluster, shards: EmbeddedCluster
 ) -> None:
@@ -264,7 +246,7 @@ def test_chat_streams_replays_and_cancels_with_the_token_plane_on_a_cluster(
     results: list[tuple[str, str]] = [("", "")] * streams
 
     def one(i: int) -> None:
-        results[i] = stream_chat(gateway.base_url, 12)
+        results[i] = stream_chat(gateway.base_url, 12, MESSAGES)
 
     threads = [threading.Thread(target=one, args=(i,)) for i in range(streams)]
     for thread in threads:
