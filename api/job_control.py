@@ -124,15 +124,21 @@ async def submit(
     return job_id
 
 
-async def get_record(state: AppState, caller: Caller, job_id: str) -> JobRecord:
-    """The job's record; 404 for unknown ids and for jobs of another caller alike."""
+async def owned_job(state: AppState, caller: Caller, job_id: str) -> tuple[dict[str, str], str]:
+    """The job's hash fields and text (`read_job`); 404 for unknown ids and for jobs of
+    another caller alike."""
     request_log.note_job(job_id, caller.owner)
     if not JOB_ID_PATTERN.match(job_id):
         raise JobNotFound(f"no job {job_id!r}")
     fields, text = await read_job(state.redis, state.plane, job_id)
     if not fields or not caller.owns(fields.get(JobField.OWNER)):
         raise JobNotFound(f"no job {job_id!r}")
-    return JobRecord.from_redis(job_id, fields, text)
+    return fields, text
+
+
+async def get_record(state: AppState, caller: Caller, job_id: str) -> JobRecord:
+    """The job's record; 404 for unknown ids and for jobs of another caller alike."""
+    return JobRecord.from_redis(job_id, *await owned_job(state, caller, job_id))
 
 
 async def cancel(state: AppState, job_id: str) -> str | None:

@@ -285,31 +285,42 @@ def publish_command(settings: Settings) -> str:
     return "SPUBLISH" if settings.stream_redis_cluster else "PUBLISH"
 
 
+def reader_channel(settings: Settings, reader: str | None) -> str | None:
+    """Where EMIT publishes the token events of a job that API process `reader` reads: its
+    channel (`keys.reader_channel`); None, the job's own channel, for a job without a
+    reader and on a Redis Cluster (a script's keys and shard channels share one slot)."""
+    if reader is None or settings.stream_redis_cluster:
+        return None
+    return keys.reader_channel(reader)
+
+
 def emit(
-    settings: Settings, events: list[EmitItem], readers: Mapping[str, str] | None = None
+    settings: Settings,
+    events: list[EmitItem],
+    reader_channels: Mapping[str, str] | None = None,
 ) -> ScriptCall:
     """Append events of several jobs in one round trip, on the token plane (see `emit.lua`);
-    on a Redis Cluster the events of one job only. A job in `readers` (job id: the id of the
-    API process reading it, on a plain Redis only) has its events published to that
-    process's channel, with the call's other events for it in one message, not to its own."""
-    readers = readers or {}
+    on a Redis Cluster the events of one job only. A job in `reader_channels` (job id: its
+    `reader_channel`) has its events published there, with the call's other events for
+    that channel in one message, not on its own channel."""
+    reader_channels = reader_channels or {}
     script_keys = [
         key
         for job_id, _, _ in events
         for key in (
             keys.job_events(job_id),
-            keys.reader_channel(readers[job_id]) if job_id in readers else keys.job_channel(job_id),
+            reader_channels.get(job_id) or keys.job_channel(job_id),
         )
     ]
-    reader_channels = sorted({keys.reader_channel(reader) for reader in readers.values()})
+    batched = sorted(set(reader_channels.values()))
     flat: list[Arg] = [
         part for job_id, seq, event in events for part in (job_id, seq, log_payload(seq, event))
     ]
     header: list[Arg] = [
         settings.event_log_maxlen,
         publish_command(settings),
-        len(reader_channels),
-        *reader_channels,
+        len(batched),
+        *batched,
     ]
     return ScriptCall(EMIT, script_keys, [*header, *flat])
 

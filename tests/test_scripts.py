@@ -219,7 +219,7 @@ def test_emit_publishes_the_events_of_a_readers_jobs_in_one_message_per_call(
     def chunk(text: str) -> str:
         return TokenChunk(text=text, tokens=1).to_wire()
 
-    readers = {"a": "r", "b": "r"}
+    readers = {"a": keys.reader_channel("r"), "b": keys.reader_channel("r")}
     first = [("a", 1, chunk("a1")), ("b", 1, chunk("b1")), ("a", 2, chunk("a2"))]
     assert run.run(scripts.emit(settings, [*first, ("c", 1, chunk("c1"))], readers)) == [[], []]
     assert run.run(scripts.emit(settings, [("a", 2, chunk("again")), *first[1:2]], readers)) == [

@@ -130,7 +130,8 @@ async def test_a_readers_jobs_reach_it_and_another_process_through_the_readers_c
     run = SyncScripts(sync_redis)
     home, other = CountingHub(async_redis), CountingHub(async_redis)
     assert home.reader_id is not None and other.reader_id != home.reader_id
-    readers = {"j1": home.reader_id, "j2": home.reader_id}
+    channel = keys.reader_channel(home.reader_id)
+    readers = {"j1": channel, "j2": channel}
     for job_id in readers:
         scripts.check_admitted(run.run(scripts.admit(settings, job_id, "o", "m")))
         run.run(
@@ -138,7 +139,6 @@ async def test_a_readers_jobs_reach_it_and_another_process_through_the_readers_c
         )
     home.start()
     other.start()
-    channel = keys.reader_channel(home.reader_id)
 
     async def read(hub: StreamHub, job_id: str) -> list[int]:
         seqs = []

@@ -37,8 +37,8 @@ class JobLog:
     """One running job's events from `FIRST_SEQ` on; Redis holds every seq below `acked`."""
 
     job_id: str
-    #: The API process reading the job, whose channel its token events go to (plain Redis).
-    reader: str | None = None
+    #: Where its token events go, if not on its own channel (`scripts.reader_channel`).
+    reader_channel: str | None = None
     events: list[tuple[str, str]] = field(default_factory=list)
     acked: int = FIRST_SEQ
 
@@ -114,11 +114,11 @@ class Courier:
             batches = [[item for job_log in logs for item in job_log.unacked()]]
         if not any(batches):
             return True
-        readers = {job_log.job_id: job_log.reader for job_log in logs if job_log.reader}
+        channels = {log.job_id: log.reader_channel for log in logs if log.reader_channel}
         replies: list[scripts.EmitReply] = []
         try:
             for items in batches:
-                reply = self._scripts.run(scripts.emit(self._settings, items, readers))
+                reply = self._scripts.run(scripts.emit(self._settings, items, channels))
                 replies.append(scripts.parse_emit(reply))
         except RedisError as exc:
             count = sum(len(items) for items in batches)

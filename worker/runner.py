@@ -151,7 +151,7 @@ class JobRunner:
     def _run_started(
         self, job_id: str, request: GenerationRequest, prompt_ids: list[int], reader: str | None
     ) -> str:
-        fresh_log = JobLog(job_id, None if self._settings.stream_redis_cluster else reader)
+        fresh_log = JobLog(job_id, scripts.reader_channel(self._settings, reader))
         job_log: JobLog | None = fresh_log
         try:
             self._check_fits(request, len(prompt_ids))

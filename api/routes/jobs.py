@@ -12,12 +12,11 @@ from starlette.responses import StreamingResponse
 from tokenrelay.api import sse
 from tokenrelay.api.deps import CallerDep, StateDep
 from tokenrelay.api.error_docs import JOB_ERRORS, SUBMIT_ERRORS
-from tokenrelay.api.job_control import cancel, get_record, submit
+from tokenrelay.api.job_control import cancel, get_record, owned_job, submit
 from tokenrelay.api.job_request import JobRequest
 from tokenrelay.api.model_routing import check_model
 from tokenrelay.api.relay import relay
 from tokenrelay.api.streams import Delivery
-from tokenrelay.shared import keys, scripts
 from tokenrelay.shared.errors import InvalidRequest, RedisUnavailable
 from tokenrelay.shared.jobs import JobField, JobRecord
 
@@ -66,7 +65,8 @@ async def job_events(
     A finished job asked to resume at or past its final event answers 204 at once, which
     tells an EventSource to stop reconnecting. The job runs on when the client leaves: it
     was submitted to run without a listener."""
-    record = await get_record(state, caller, job_id)
+    fields, text = await owned_job(state, caller, job_id)
+    record = JobRecord.from_redis(job_id, fields, text)
     after_seq = _parse_last_event_id(last_event_id)
     ended = record.status.is_terminal
     if ended:
@@ -74,7 +74,7 @@ async def job_events(
         if last is None or last.event.seq <= after_seq:
             return Response(status_code=204)
     idle_s = state.settings.sse_ping_s
-    reader = scripts.decode_text(await state.redis.hget(keys.job(job_id), JobField.READER))
+    reader = fields.get(JobField.READER)
     events = state.hub.events(
         job_id, reader=reader, after_seq=after_seq, idle_s=idle_s, ended=ended
     )

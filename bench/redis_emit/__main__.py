@@ -10,7 +10,7 @@ running job, so one EMIT call carries one event per job).
   ended: its log is closed) and PUBLISH on the job's channel; no text (FINISH stores it
   whole): a job without a reader (submitted to run on its own).
 - `reader`: the same script for jobs read by one API process (every chat or completion job:
-  `scripts.emit`'s `readers`): their events go on that process's channel, one PUBLISH per
+  `scripts.emit`'s `reader_channels`): their events go on that process's channel, one PUBLISH per
   call.
 - `issue-16a`: EMIT as issue 16's first pass landed it (`ISSUE_16A_EMIT_BODY`), for the
   ratio in the same run — per event HINCRBY next_seq, XADD, PUBLISH.
@@ -177,8 +177,9 @@ def measure(
         client.hset(keys.job(job_id), mapping=running)
         client.xadd(keys.job_events(job_id), {"e": _EVENT}, id="1-0")  # START's event
     stop = threading.Event()
-    channels = [keys.job_channel(job_id) for job_id in job_ids] + [keys.reader_channel(_READER)]
-    readers = {job_id: _READER for job_id in job_ids} if variant == "reader" else None
+    reader = keys.reader_channel(_READER)
+    channels = [keys.job_channel(job_id) for job_id in job_ids] + [reader]
+    readers = {job_id: reader for job_id in job_ids} if variant == "reader" else None
     drainer = threading.Thread(target=drain, args=(port, channels, stop), daemon=True)
     drainer.start()
     time.sleep(0.2)
