@@ -95,10 +95,16 @@ class CountingScripts(SyncScripts):
     def __init__(self, client: redis.Redis) -> None:
         super().__init__(client)
         self.emits: list[int] = []
+        self.emitted: list[list[tuple[str, int]]] = []  # each EMIT call's (job id, seq)
 
     def run(self, call: ScriptCall, client: redis.Redis | None = None) -> Any:
         if call.source == scripts.EMIT:
             self.emits.append(len(call.keys) // 2)  # a log and a channel per event
+            first = 3 + int(call.args[2])  # after MAXLEN, the publish command, the readers
+            triples = call.args[first:]
+            self.emitted.append(
+                [(str(i), int(s)) for i, s in zip(triples[::3], triples[1::3], strict=True)]
+            )
         return super().run(call, client)
 
 
@@ -366,6 +372,63 @@ def test_flush_interval_sends_each_token_of_steps_a_little_under_the_interval_ap
     generate_alone(lambda: engine, run, settings, active, sync_redis)
     chunks = [e for e in events(sync_redis, "j") if e["type"] == "token"]
     assert [c["text"] for c in chunks] == ["a", "b", "c", "d"]
+
+
+class OddStepsWithoutA(ScriptedEngine):
+    """Job "a" decodes on even steps only, so a flush tick may come on a step without it."""
+
+    def step(self) -> list[TokenOutput]:
+        resting = self._rows.pop("a", None) if self.steps % 2 else None
+        try:
+            return super().step()
+        finally:
+            if resting is not None:
+                self._rows["a"] = resting
+
+
+def test_flush_interval_sends_the_held_tokens_of_every_job_on_one_tick(
+    redis_url: str, sync_redis: redis.Redis, parts: tuple[CountingScripts, ActiveJobs]
+) -> None:
+    """Two jobs that started at different steps: while both run, each held chunk goes out on
+    the worker's tick with the other job's, in one EMIT call, not on a schedule of its own,
+    even when the tick's step decoded no token of it."""
+    run, active = parts
+    settings = Settings(redis_url=redis_url, max_inflight=4, flush_interval_ms=100)
+    texts = {"a": "a" * 40, "b": "b" * 30}
+    for job_id in texts:
+        admit(run, settings, job_id)
+    threads: dict[str, threading.Thread] = {}
+
+    def step(n: int) -> None:
+        if n == 2:  # "b" joins after "a"'s first chunk, before its next tick
+            threads["b"].start()
+            assert CountingBatcher.submitted.acquire(timeout=10)
+        time.sleep(0.02)
+
+    engine = OddStepsWithoutA(texts, on_step=step)
+    batcher = CountingBatcher(lambda: engine, run, settings, active)
+    runner = JobRunner(engine, batcher, run, settings, "w", active, guard(settings, sync_redis))
+    for job_id in texts:
+        threads[job_id] = threading.Thread(target=runner.generate, args=(job_id, request()))
+    CountingBatcher.submitted = threading.Semaphore(0)
+    batcher.start()
+    try:
+        threads["a"].start()
+        for thread in threads.values():
+            thread.join(timeout=30)
+    finally:
+        batcher.stop()
+    for job_id, text in texts.items():
+        assert sync_redis.get(keys.job_text(job_id)) == text
+    calls = run.emitted
+    b_first = next(i for i, call in enumerate(calls) if ("b", 1) in call)
+    last_seqs = {
+        job_id: max(s for call in calls for j, s in call if j == job_id) for job_id in texts
+    }
+    first_end = next(i for i, call in enumerate(calls) if any(s == last_seqs[j] for j, s in call))
+    while_both_ran = calls[b_first + 1 : first_end]
+    assert while_both_ran
+    assert all({job_id for job_id, _ in call} == set(texts) for call in while_both_ran)
 
 
 def test_flush_interval_never_drops_the_tokens_it_held_when_a_job_is_cancelled(

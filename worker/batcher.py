@@ -8,9 +8,12 @@ character, never leaking a stop string), numbers each job's events in its `JobLo
 the unacknowledged events of all jobs to Redis in one script call; after a Redis error they
 stay in the logs and the next try waits a bounded backoff (`worker.delivery`), while
 decoding goes on. A job that leaves the batch hands its log to its runner, which sends the
-rest with its FINISH. With `TOKENRELAY_FLUSH_INTERVAL_MS` > 0, a job's text is held
-until that long after its previous chunk, less `FLUSH_SLACK` (the first chunk and the last
-are never held), so fast jobs send several tokens per event.
+rest with its FINISH. With `TOKENRELAY_FLUSH_INTERVAL_MS` > 0, the jobs' text is held and
+sent on the worker's flush tick, once per that interval less `FLUSH_SLACK` (a job's first
+chunk and its last are never held): every job's held tokens go out together, so fast jobs
+send several tokens per event and the worker makes one EMIT call per tick, not one per job
+and interval (jobs that started at different times would otherwise each be due at a
+different step).
 
 The engine is built on the batcher's thread, the only thread that runs it: torch's OpenMP
 threads then form one pool. Built on another thread (the main one) and stepped here, the
@@ -48,10 +51,10 @@ log = logging.getLogger(__name__)
 
 _IDLE_WAIT_S = 0.5
 FLUSH_SLACK = 0.1
-"""A held chunk goes out once this share of `TOKENRELAY_FLUSH_INTERVAL_MS` short of the
-interval has passed, so a stream whose steps come just under the interval apart (20 tok/s
-against 50 ms, with a step's usual jitter) still sends every token as it comes, instead of
-two tokens every other step."""
+"""The flush tick comes once this share of `TOKENRELAY_FLUSH_INTERVAL_MS` short of the
+interval has passed since the last, so a stream whose steps come just under the interval
+apart (20 tok/s against 50 ms, with a step's usual jitter) still sends every token as it
+comes, instead of two tokens every other step."""
 
 
 @dataclass(eq=False)
@@ -68,7 +71,6 @@ class BatchJob:
     unsent_tokens: int = 0
     unsent_text: str = ""
     unsent_logprobs: list[TokenLogprob] = field(default_factory=list)
-    last_sent_s: float = float("-inf")
     finish_reason: Literal["stop", "length"] | None = None
     error: Exception | None = None
     abandoned: bool = False
@@ -104,6 +106,7 @@ class Batcher:
         self._waiting: deque[BatchJob] = deque()
         self._running: dict[str, BatchJob] = {}
         self._used_tokens = 0
+        self._ticked_s = float("-inf")  # the last flush tick (`_publish`)
         self._stopping = threading.Event()
         self._thread = threading.Thread(target=self._run, name="batcher", daemon=True)
 
@@ -174,7 +177,7 @@ class Batcher:
         for job in [j for j in self._running.values() if self._stopped(j)]:
             self._engine.remove(job.job_id)
             if job.unsent_tokens:  # held by coalescing: its text and usage must agree
-                self._add_chunk(job, time.monotonic())
+                self._add_chunk(job)
             self._end(job)
         for job in [j for j in self._waiting if self._stopped(j)]:
             self._waiting.remove(job)
@@ -194,7 +197,9 @@ class Batcher:
     def _publish(self, outputs: list[TokenOutput]) -> None:
         ended: list[BatchJob] = []
         now = time.monotonic()
-        hold_s = (1 - FLUSH_SLACK) * self._settings.flush_interval_ms / 1000
+        tick = now - self._ticked_s >= (1 - FLUSH_SLACK) * self._settings.flush_interval_ms / 1000
+        if tick:
+            self._ticked_s = now
         for output in outputs:
             job = self._running.get(output.seq_id)
             if job is None:
@@ -215,20 +220,27 @@ class Batcher:
                 text += job.matcher.flush()
             job.unsent_text += text
             last = job.finish_reason is not None
-            due = last or now - job.last_sent_s >= hold_s
-            # The last chunk also carries tokens that decoded to no text, so the events count
-            # every completion token.
-            pending = job.unsent_text or job.unsent_logprobs
-            if (pending and due) or (last and job.unsent_tokens):
-                self._add_chunk(job, now)
-            if job.finish_reason is not None:
+            # The first chunk and the last are never held. The last also carries tokens that
+            # decoded to no text, so the events count every completion token.
+            first = not job.log.events
+            if (self._pending(job) and (first or last)) or (last and job.unsent_tokens):
+                self._add_chunk(job)
+            if last:
                 ended.append(job)
+        if tick:  # every job's held tokens, whether or not this step decoded one of it
+            for job in self._running.values():
+                if self._pending(job):
+                    self._add_chunk(job)
         self._send()
         for job in ended:
             self._end(job)
 
     @staticmethod
-    def _add_chunk(job: BatchJob, now: float) -> None:
+    def _pending(job: BatchJob) -> bool:
+        return bool(job.unsent_text or job.unsent_logprobs)
+
+    @staticmethod
+    def _add_chunk(job: BatchJob) -> None:
         """Number the job's unsent tokens as one chunk event in its log."""
         chunk = TokenChunk(
             text=job.unsent_text,
@@ -236,7 +248,7 @@ class Batcher:
             logprobs=job.unsent_logprobs if job.params.logprobs is not None else None,
         )
         job.log.add(chunk.to_wire(), job.unsent_text)
-        job.unsent_text, job.unsent_tokens, job.last_sent_s = "", 0, now
+        job.unsent_text, job.unsent_tokens = "", 0
         job.unsent_logprobs = []
 
     def _logprob(self, token_id: int, logprob: Logprob) -> TokenLogprob:
