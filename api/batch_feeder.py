@@ -6,9 +6,10 @@ every tick, and a batch whose feeder died (SIGKILL, lost node) is claimed by ano
 the lease runs out, `TOKENRELAY_BATCH_LEASE_S`. Everything a feeder knows of a batch is
 in Redis (`api.batch_run`), so the next one carries on where it stopped.
 
-Each tick (`TICK_S`): validate new batches (`api.batch_validation`); collect the lines
-whose jobs ended; admit more lines as low-priority jobs, one per batch owner in turn
-(fair between keys), until the admission script defers them: batch lines may hold
+Each tick (`TICK_S`; `IDLE_TICK_S` while the feeder holds no batch, unless this process
+records one, which wakes it at once): validate new batches (`api.batch_validation`);
+collect the lines whose jobs ended; admit more lines as low-priority jobs, one per batch
+owner in turn (fair between keys), until the admission script defers them: batch lines may hold
 at most `TOKENRELAY_BATCH_MAX_INFLIGHT_SHARE` of `MAX_INFLIGHT`, only while the cluster
 has room, and are left out of interactive admission's count (`admit.lua`), so interactive
 requests are never refused for slots batch lines hold; stop cancelled and expired
@@ -18,6 +19,7 @@ batches; write the files of the finished (`api.batch_finalize`).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import time
 import uuid
@@ -39,6 +41,11 @@ from tokenrelay.shared import batch_scripts, keys
 log = logging.getLogger(__name__)
 
 TICK_S = 0.1
+IDLE_TICK_S = 1.0
+"""How often a feeder that holds no batch claims: a claim is a script call (~100 µs inside
+Redis on a 2-core box), so ten a second from every API process was Redis CPU spent whatever
+the load. A batch another process recorded waits at most this long for a feeder when its
+own feeder is full or gone; one recorded here wakes this feeder (`AppState.batch_created`)."""
 MAX_HELD = 8  # batches one feeder runs at once; more wait for another feeder or a free slot
 
 
@@ -57,7 +64,16 @@ class BatchFeeder:
                 log.warning("batch feeding skipped: %s", exc)
             except Exception:
                 log.exception("batch feeder tick failed")
+            await self._wait()
+
+    async def _wait(self) -> None:
+        if self.held:
             await asyncio.sleep(TICK_S)
+            return
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(IDLE_TICK_S):
+                await self.state.batch_created.wait()
+        self.state.batch_created.clear()
 
     async def renew(self, *, claim: bool = False) -> None:
         lease_ms = int(self.state.settings.batch_lease_s * 1000)

@@ -74,6 +74,7 @@ async def create_batch(state: AppState, caller: Caller, body: BatchCreate) -> Ba
         pipe.zadd(keys.owner_batches(caller.owner), {batch_id: time.time() * 1000})
         pipe.zadd(keys.active_batches(), {batch_id: 0})
         await pipe.execute()
+    state.batch_created.set()
     return await get_batch(state, caller, batch_id)
 
 

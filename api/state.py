@@ -41,6 +41,8 @@ class AppState:
     keys: KeyRing
     prompt_fit: PromptFit
     connector: redis_connect.RedisConnector
+    #: Set when this process records a batch, to wake its idle batch feeder at once.
+    batch_created: asyncio.Event = field(default_factory=asyncio.Event)
     _background: set[asyncio.Task[Any]] = field(default_factory=set)
 
     @classmethod
