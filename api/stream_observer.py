@@ -63,20 +63,27 @@ class _StreamObserver:
     queue_wait: asyncio.Task[None] | None = None
 
     def started(self, client: redis.asyncio.Redis, job_id: str, event: Started) -> None:
-        """Record the prompt's tokens, and read the job's queue wait beside the stream: the
-        read's round trip would hold back the first token, which follows the Started event."""
+        """Record the prompt's tokens and the job's queue wait: the event's, else read from
+        the job hash beside the stream (the read's round trip would hold back the first
+        token, which follows the Started event)."""
         if self.seen_started:
             return
         self.seen_started = True
         self.record.prompt_tokens = event.prompt_tokens
         self.metrics.prompt_tokens.inc(event.prompt_tokens)
-        self.queue_wait = asyncio.create_task(self._observe_queue_wait(client, job_id))
+        if event.queue_wait_s is not None:
+            self._record_queue_wait(event.queue_wait_s)
+        else:
+            self.queue_wait = asyncio.create_task(self._observe_queue_wait(client, job_id))
 
     async def _observe_queue_wait(self, client: redis.asyncio.Redis, job_id: str) -> None:
         wait = await _queue_wait(client, job_id)
         if wait is not None:
-            self.record.queue_wait_s = wait
-            self.metrics.queue_wait.observe(wait)
+            self._record_queue_wait(wait)
+
+    def _record_queue_wait(self, wait: float) -> None:
+        self.record.queue_wait_s = wait
+        self.metrics.queue_wait.observe(wait)
 
     async def settled(self) -> None:
         """Wait for the queue wait's read (bounded by its timeout) before the request's log

@@ -33,6 +33,12 @@ class Started(_Event):
     type: Literal["started"] = "started"
     worker: str
     prompt_tokens: int
+    #: Seconds from admission to this start (Redis `TIME`, as the job hash's `created_at`
+    #: and `started_at`): added by START where one Redis holds both planes, absent otherwise.
+    queue_wait_s: float | None = None
+
+    def to_wire(self) -> str:
+        return self.model_dump_json(exclude={"seq"}, exclude_none=True)
 
 
 class TopLogprob(BaseModel):

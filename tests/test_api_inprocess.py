@@ -77,8 +77,12 @@ def test_job_events_are_the_logged_payloads_with_their_seq_and_type(
         run.run(scripts.emit(settings, [(job_id, 1, events[1].to_wire())]))
         run.run(scripts.finish(settings, job_id, "succeeded", {}, events[2].to_wire()))
         response = client.get(f"/v1/jobs/{job_id}/events")
+        created, started_at = sync_redis.hmget(keys.job(job_id), "created_at", "started_at")
     assert response.status_code == 200
+    assert created is not None and started_at is not None
     wire = [(event, event.model_dump_json(exclude_none=True)) for event in events]
+    queue_wait = float(started_at) - float(created)  # START adds it, formatted so
+    wire[0] = (events[0], wire[0][1][:-1] + f',"queue_wait_s":{queue_wait:.6f}}}')
     expected = "".join(f"id: {e.seq}\nevent: {e.type}\ndata: {data}\n\n" for e, data in wire)
     assert response.content == expected.encode()
 

@@ -263,6 +263,27 @@ async def test_a_served_stream_feeds_the_latency_and_token_metrics(
     assert value(samples, "tokenrelay_prompt_tokens_total") == 7
 
 
+async def test_a_started_event_with_the_queue_wait_is_not_read_from_the_job_hash(
+    async_redis: redis.asyncio.Redis,
+) -> None:
+    """START puts the queue wait in the Started event (one Redis for both planes); the hash
+    here says otherwise, and is not read."""
+    await async_redis.hset(keys.job("j2"), mapping={"created_at": "100.0", "started_at": "109.0"})
+    metrics = Metrics()
+    record = RequestRecord("POST", "/v1/chat/completions", log_prompts=False, metrics=metrics)
+    usage = Usage(prompt_tokens=7, completion_tokens=1, total_tokens=8)
+    events: list[Event] = [
+        Started(seq=0, worker="w", prompt_tokens=7, queue_wait_s=0.125),
+        TokenChunk(seq=1, text="a", tokens=1),
+        Done(seq=2, finish_reason="length", usage=usage),
+    ]
+    with recording(record):
+        [item async for item in observe_events(async_redis, "j2", replay(events))]
+    assert record.queue_wait_s == 0.125
+    samples = parse((await metrics.render(ClusterGauges(max_inflight=1))).decode())[1]
+    assert value(samples, "tokenrelay_queue_wait_seconds_sum") == 0.125
+
+
 async def test_an_error_event_sets_the_job_status_it_stands_for(
     async_redis: redis.asyncio.Redis,
 ) -> None:

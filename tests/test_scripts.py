@@ -123,6 +123,22 @@ def test_events_get_consecutive_seqs_and_finish_stores_the_text(
     assert 0 < sync_redis.ttl(keys.job_text("s")) <= settings.result_ttl_s
 
 
+def test_start_puts_the_jobs_queue_wait_in_its_started_event(
+    run: SyncScripts, settings: Settings, sync_redis: redis.Redis
+) -> None:
+    admit(run, settings, "q")
+    run.run(scripts.start(settings, "q", "w1", started()))
+    [event] = [parse_event(json.dumps(e)) for e in log(sync_redis, "q")]
+    created, started_at = sync_redis.hmget(keys.job("q"), "created_at", "started_at")
+    assert created is not None and started_at is not None
+    assert event == Started(
+        seq=0,
+        worker="w1",
+        prompt_tokens=3,
+        queue_wait_s=round(float(started_at) - float(created), 6),
+    )
+
+
 def _commands_of(sync_redis: redis.Redis, run: SyncScripts, call: scripts.ScriptCall) -> int:
     """The commands Redis counts for one script call: EVALSHA and the commands it runs."""
 

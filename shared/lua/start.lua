@@ -5,12 +5,14 @@
 -- when the job is unknown or another worker runs it (a job given back to its queue after a
 -- failover may be dequeued twice). Queues the job's `start` webhook delivery, if it has one.
 -- A resend (the reply to the first call was lost) finds the job running here: running.
--- Appends the Started event where the token plane is here; on a token plane of its own the
--- worker appends it (OPEN) once this call said running.
+-- Appends the Started event where the token plane is here, with the job's queue wait as its
+-- last field (`queue_wait_s`: seconds from `created_at` to this start, both Redis TIME), so
+-- its reader need not read them from the job hash; on a token plane of its own the worker
+-- appends it (OPEN) once this call said running, without one.
 local id = ARGV[27]
 local h = key(T_HASH, id)
-local current, worker, url, events = unpack(redis.call('HMGET', h, F_STATUS, F_WORKER,
-  F_WEBHOOK, F_WEBHOOK_EVENTS))
+local current, worker, url, events, created = unpack(redis.call('HMGET', h, F_STATUS, F_WORKER,
+  F_WEBHOOK, F_WEBHOOK_EVENTS, F_CREATED_AT))
 if current == S_RUNNING then
   return worker == ARGV[28] and S_RUNNING
 end
@@ -26,7 +28,12 @@ end
 redis.call('HSET', h, F_STATUS, S_RUNNING, F_STARTED_AT, stamp, F_WORKER, ARGV[28])
 redis.call('ZADD', LEASES, now + tonumber(ARGV[29]), id)
 if PLANE_HERE then
-  emit(id, ARGV[30])
+  local started = ARGV[30]
+  if created then
+    local wait = math.max(0, tonumber(stamp) - tonumber(created))
+    started = string.sub(started, 1, -2) .. string.format(',"queue_wait_s":%.6f}', wait)
+  end
+  emit(id, started)
 end
 webhook(id, 'start', url, events)
 return S_RUNNING
