@@ -40,7 +40,7 @@ own client (`shared.script_runner`) and parse the reply here.
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from importlib.resources import files
 from typing import Any
@@ -396,12 +396,18 @@ def finish(
     final_event: str,
     final_seq: int = -1,
     text: str | None = None,
+    unsent: Sequence[EmitItem] = (),
+    reader_channel: str | None = None,
 ) -> ScriptCall:
     """End a job; with `final_seq` >= 0, only if its log holds every event below it. `text`,
-    the job's whole text, is stored when this call ends it."""
+    the job's whole text, is stored when this call ends it. `unsent` (its worker's events
+    Redis has not applied yet, as `JobLog.unacked` lists them) are appended first, each at
+    its seq, and published as EMIT would (on `reader_channel`, the job's `reader_channel`,
+    or its own channel), where the token plane is on this Redis."""
     args: list[Arg] = [job_id, status, json.dumps(fields), final_event, final_seq]
-    if text is not None:
-        args.append(text)
+    args += ["0", ""] if text is None else ["1", text]
+    args.append(reader_channel or "")
+    args += [part for _, seq, event in unsent for part in (seq, event)]
     return _library_call(FINISH, settings, *args)
 
 

@@ -219,6 +219,25 @@ def test_max_tokens_gives_finish_reason_length(
     assert sync_redis.get(keys.job_text("j")) == "abc"
 
 
+def test_a_jobs_last_chunk_goes_with_its_finish_not_in_an_emit_call_of_its_own(
+    settings: Settings,
+    sync_redis: redis.Redis,
+    parts: tuple[CountingScripts, ActiveJobs],
+    runner_for: Any,
+) -> None:
+    run, _ = parts
+    admit(run, settings, "j")
+    runner_for(ScriptedEngine({"j": "abcdefgh"})).generate("j", request(max_tokens=3))
+    assert [call for call in run.emitted if ("j", 3) in call] == []
+    assert [(e["seq"], e["type"], e.get("text")) for e in events(sync_redis, "j")] == [
+        (0, "started", None),
+        (1, "token", "a"),
+        (2, "token", "b"),
+        (3, "token", "c"),
+        (4, "done", None),
+    ]
+
+
 def test_stop_string_ends_the_run_with_stop(
     settings: Settings,
     sync_redis: redis.Redis,

@@ -386,6 +386,53 @@ def check_resends_and_gaps(run: SyncScripts, settings: Settings, sync_redis: red
     assert len(log(sync_redis, "g")) == 6
 
 
+def test_finish_appends_the_events_its_worker_carries_each_at_its_seq_once(
+    run: SyncScripts, settings: Settings, sync_redis: redis.Redis
+) -> None:
+    """A worker's FINISH carries the job's unacknowledged events (its last chunk): they are
+    appended at the log's next seq and published on the job's reader channel in one message,
+    before the final event; a carried event the log holds is skipped, and one past a gap is
+    refused with the rest (the worker sends them all again)."""
+    admit(run, settings, "f")
+    run.run(scripts.start(settings, "f", "w1", started()))
+    chunks = [("f", seq, TokenChunk(text=f"t{seq}", tokens=1).to_wire()) for seq in (1, 2, 3)]
+    run.run(scripts.emit(settings, chunks[:1]))
+    listener = sync_redis.pubsub()
+    listener.subscribe(keys.reader_channel("r"), keys.job_channel("f"))
+    for _ in range(2):  # the subscriptions are in place
+        assert listener.get_message(timeout=5.0)["type"] == "subscribe"  # type: ignore[index]
+    done = Done(
+        finish_reason="stop", usage=Usage(prompt_tokens=3, completion_tokens=3, total_tokens=6)
+    ).to_wire()
+    reader = keys.reader_channel("r")
+
+    def finish(carried: list[scripts.EmitItem]) -> scripts.ScriptCall:
+        return scripts.finish(
+            settings, "f", "succeeded", {}, done, 4, "t1t2t3", carried, reader_channel=reader
+        )
+
+    assert run.run(finish(chunks[2:])) == scripts.FINISH_BEHIND  # seq 2 never reached Redis
+    assert [e["seq"] for e in log(sync_redis, "f")] == [0, 1]
+    assert run.run(finish(chunks)) == 1  # all again: seq 1 skipped, 2 and 3 appended
+    assert [(e["seq"], e.get("text")) for e in log(sync_redis, "f")] == [
+        (0, None),
+        (1, "t1"),
+        (2, "t2"),
+        (3, "t3"),
+        (4, None),
+    ]
+    assert sync_redis.get(keys.job_text("f")) == "t1t2t3"
+    messages = []  # published before the call returned: already on its way
+    while (message := listener.get_message(timeout=1.0)) is not None:
+        messages.append((message["channel"], message["data"]))
+    listener.close()
+    lines = [p for _, seq, event in chunks[1:] for p in ("f", scripts.log_payload(seq, event))]
+    assert messages == [
+        (reader, "\n".join(lines)),
+        (keys.job_channel("f"), scripts.log_payload(4, done)),
+    ]
+
+
 def test_a_worker_s_finish_leaves_a_job_it_never_started_here_queued(
     run: SyncScripts, settings: Settings, sync_redis: redis.Redis
 ) -> None:

@@ -231,7 +231,7 @@ class Batcher:
             for job in self._running.values():
                 if self._pending(job):
                     self._add_chunk(job)
-        self._send()
+        self._send(leaving=ended)
         for job in ended:
             self._end(job)
 
@@ -262,8 +262,12 @@ class Batcher:
         raw = self._engine.token_bytes(token_id)
         return TopLogprob(token=raw.decode(errors="replace"), bytes=list(raw), logprob=logprob)
 
-    def _send(self) -> None:
-        logs = [job.log for job in self._running.values() if not job.log.complete]
+    def _send(self, leaving: list[BatchJob]) -> None:
+        """Send the unacknowledged events of the running jobs but those `leaving` the batch,
+        whose runners send theirs with their FINISH."""
+        logs = [
+            job.log for job in self._running.values() if not job.log.complete and job not in leaving
+        ]
         if not logs or not self._backoff.ready():
             return
         if self._courier.send(logs):

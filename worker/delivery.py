@@ -6,7 +6,9 @@ seq 0 is START's `Started`, then 1, 2, ... A `JobLog` keeps every event of its j
 not: Redis with `appendfsync everysec` can come back from a crash without its last second of
 writes, so an acknowledged event may have to be sent again. EMIT applies only a job's next
 seq (a resend is a no-op; a gap is refused with the seq to resume from), and the worker's
-FINISH ends the job only when its log holds every event (`shared/lua/emit.lua`, `finish.lua`).
+FINISH ends the job only when its log holds every event (`shared/lua/emit.lua`, `finish.lua`);
+where one Redis holds both planes, FINISH carries the job's unsent events (its last chunk)
+and applies them the same way.
 
 `Courier` sends the unacknowledged events of many jobs in one EMIT call, on the token plane's
 Redis (on a Redis Cluster one call per job: a script's keys must share a slot); `Backoff`

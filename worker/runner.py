@@ -269,24 +269,33 @@ class JobRunner:
         fields: dict[str, scripts.Arg],
         event: Done | Error,
     ) -> bool:
-        """Send what the job's log lacks, then FINISH, until Redis took both or the lease ran
-        out (then the reaper ends the job). Without a log (the batcher may still hold it, after
-        RQ's job timeout) FINISH alone, unchecked. True if this call ended the job."""
+        """Send what the job's log lacks, and FINISH, until Redis took both or the lease ran
+        out (then the reaper ends the job): where one Redis holds both planes, FINISH carries
+        those events itself (so a job's last chunk needs no EMIT call of its own); else EMIT
+        sends them first. Without a log (the batcher may still hold it, after RQ's job
+        timeout) FINISH alone, unchecked. True if this call ended the job."""
         final_seq, text = (-1, None) if job_log is None else (job_log.next_seq, job_log.text)
+        carried = self._settings.token_plane_shared
         close_log = None
-        if self._settings.token_plane_shared:
-            call = scripts.finish(
-                self._settings, job_id, status, fields, event.to_wire(), final_seq, text
-            )
-        else:
+        if not carried:
             close_log = scripts.close_log(self._settings, job_id, event.to_wire(), final_seq, text)
-            call = scripts.finish(self._settings, job_id, status, fields, "")
+
+        def finish_call() -> scripts.ScriptCall:
+            if not carried:
+                return scripts.finish(self._settings, job_id, status, fields, "")
+            unsent = [] if job_log is None else job_log.unacked()
+            reader = None if job_log is None else job_log.reader_channel
+            wire = event.to_wire()
+            return scripts.finish(
+                self._settings, job_id, status, fields, wire, final_seq, text, unsent, reader
+            )
+
         backoff = Backoff()
         self._active.ending(job_id)
         while True:
-            if job_log is None or self._courier.send([job_log]):
+            if carried or job_log is None or self._courier.send([job_log]):
                 try:
-                    outcome, holds = self._end(close_log, call)
+                    outcome, holds = self._end(close_log, finish_call())
                 except RedisError as exc:
                     log.warning("FINISH of job %s failed, will retry: %s", job_id, exc)
                 else:

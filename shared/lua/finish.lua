@@ -2,16 +2,48 @@
 -- ARGV[27] job id, ARGV[28] terminal status, ARGV[29] hash fields (JSON object),
 -- ARGV[30] final event (JSON without seq), ARGV[31] the seq the final event must get
 -- (-1: any; the job's worker passes its count of events, so a log that lost some of them is
--- never closed), ARGV[32] (optional) the job's whole text, stored when this call ends it
--- (EMIT writes none: its worker holds it). Returns 1 if this call ended the job (or a resend
--- of it finds the job ended so: that status, its final event at that seq), 0 if it was
--- already terminal otherwise or is unknown, -1 if the job still runs and its log lacks events
--- below that seq. On a token plane of its own the worker closes the job's log and stores its
--- text there first (CLOSE, which checks the seq): it passes -1, no text and an empty final
+-- never closed), ARGV[32] '1' when ARGV[33] is the job's whole text, stored when this call
+-- ends it (EMIT writes none: its worker holds it), else '0'; ARGV[34] where the job's token
+-- events are published ('' for its own channel; else its reader's channel, as EMIT does),
+-- ARGV[35..] the events its worker has not had applied yet, pairs of seq and event (JSON
+-- without seq): appended first, each only at the log's next seq, as EMIT would (a resend is
+-- skipped, a gap refused), so a job's last chunk needs no EMIT call of its own (the token
+-- plane on this Redis only). Returns 1 if this call ended the job (or a resend of it finds
+-- the job ended so: that status, its final event at that seq), 0 if it was already terminal
+-- otherwise or is unknown, -1 if the job still runs and its log lacks events below that seq.
+-- On a token plane of its own the worker closes the job's log and stores its text there
+-- first (CLOSE, which checks the seq): it passes -1, no text, no events and an empty final
 -- event (a resend then finds the job in that status: 1).
 -- A worker's FINISH with a seq (the token plane on this Redis) leaves a queued job queued
 -- and returns -2: its worker started it on an old primary, whose writes a failover
 -- discarded; it gives the job back.
+
+-- Append the carried events from the log's next seq `seq` on; returns the seq after them,
+-- or nil when the first one not yet logged is past `seq` (the log lost events before it).
+local function append_carried(id, seq)
+  local log, reader, lines = key(T_LOG, id), ARGV[34], {}
+  for i = 35, #ARGV, 2 do
+    local event_seq = tonumber(ARGV[i])
+    if event_seq > seq then
+      return nil
+    elseif event_seq == seq then
+      local payload = log_payload(seq, ARGV[i + 1])
+      redis.call('XADD', log, 'MAXLEN', '~', LOG_MAXLEN, '1-' .. seq, 'e', payload)
+      if reader == '' then
+        redis.call('PUBLISH', key(T_CHAN, id), payload)
+      else
+        lines[#lines + 1] = id
+        lines[#lines + 1] = payload
+      end
+      seq = seq + 1
+    end
+  end
+  if #lines > 0 then
+    redis.call('PUBLISH', reader, table.concat(lines, '\n'))
+  end
+  return seq
+end
+
 local id, status, expected = ARGV[27], ARGV[28], tonumber(ARGV[31])
 local reads = finish_reads(id)
 local current, seq = reads[1], nil
@@ -20,8 +52,11 @@ if expected >= 0 then
   if current == S_QUEUED then
     return -2
   end
-  if current == S_RUNNING and seq < expected then
-    return -1
+  if current == S_RUNNING then
+    seq = append_carried(id, seq)
+    if not seq or seq < expected then
+      return -1
+    end
   end
   if current == status and seq == expected + 1 then
     return 1
@@ -30,7 +65,7 @@ elseif ARGV[30] == '' and current == status then
   return 1
 end
 local done = finish(id, status, cjson.decode(ARGV[29]), ARGV[30], reads, seq)
-if done and ARGV[32] then
-  redis.call('SET', key(T_TEXT, id), ARGV[32], 'EX', RESULT_TTL)
+if done and ARGV[32] == '1' then
+  redis.call('SET', key(T_TEXT, id), ARGV[33], 'EX', RESULT_TTL)
 end
 return done and 1 or 0
