@@ -206,28 +206,18 @@ def test_multibyte_characters_are_never_split_and_usage_counts_tokens(
     assert engine.seen is not None and engine.seen.temperature == 0.7
 
 
-def test_max_tokens_gives_finish_reason_length(
+def test_max_tokens_gives_finish_reason_length_and_the_last_chunk_goes_with_finish(
     settings: Settings,
     sync_redis: redis.Redis,
     parts: tuple[CountingScripts, ActiveJobs],
     runner_for: Any,
 ) -> None:
+    """The step that ends the job sends its last chunk in FINISH, not in an EMIT call."""
     run, _ = parts
     admit(run, settings, "j")
     runner_for(ScriptedEngine({"j": "abcdefgh"})).generate("j", request(max_tokens=3))
     assert events(sync_redis, "j")[-1]["finish_reason"] == "length"
     assert sync_redis.get(keys.job_text("j")) == "abc"
-
-
-def test_a_jobs_last_chunk_goes_with_its_finish_not_in_an_emit_call_of_its_own(
-    settings: Settings,
-    sync_redis: redis.Redis,
-    parts: tuple[CountingScripts, ActiveJobs],
-    runner_for: Any,
-) -> None:
-    run, _ = parts
-    admit(run, settings, "j")
-    runner_for(ScriptedEngine({"j": "abcdefgh"})).generate("j", request(max_tokens=3))
     assert [call for call in run.emitted if ("j", 3) in call] == []
     assert [(e["seq"], e["type"], e.get("text")) for e in events(sync_redis, "j")] == [
         (0, "started", None),
