@@ -227,7 +227,7 @@ class Batcher:
                 self._add_chunk(job)
             if last:
                 ended.append(job)
-        if tick:  # every job's held tokens, whether or not this step decoded one of it
+        if tick:  # every job's held tokens, whether or not this step decoded a token of it
             for job in self._running.values():
                 if self._pending(job):
                     self._add_chunk(job)
