@@ -263,10 +263,11 @@ class Batcher:
         return TopLogprob(token=raw.decode(errors="replace"), bytes=list(raw), logprob=logprob)
 
     def _send(self, leaving: list[BatchJob]) -> None:
-        """Send the unacknowledged events of the running jobs but those `leaving` the batch,
-        whose runners send theirs with their FINISH."""
+        """Send the unacknowledged events of the running jobs; where one Redis holds both
+        planes, not those of the jobs `leaving` the batch, whose FINISH carries them."""
+        held = leaving if self._settings.token_plane_shared else []
         logs = [
-            job.log for job in self._running.values() if not job.log.complete and job not in leaving
+            job.log for job in self._running.values() if not job.log.complete and job not in held
         ]
         if not logs or not self._backoff.ready():
             return

@@ -276,16 +276,16 @@ class JobRunner:
         timeout) FINISH alone, unchecked. True if this call ended the job."""
         final_seq, text = (-1, None) if job_log is None else (job_log.next_seq, job_log.text)
         carried = self._settings.token_plane_shared
+        wire = event.to_wire()
         close_log = None
         if not carried:
-            close_log = scripts.close_log(self._settings, job_id, event.to_wire(), final_seq, text)
+            close_log = scripts.close_log(self._settings, job_id, wire, final_seq, text)
 
         def finish_call() -> scripts.ScriptCall:
             if not carried:
                 return scripts.finish(self._settings, job_id, status, fields, "")
             unsent = [] if job_log is None else job_log.unacked()
             reader = None if job_log is None else job_log.reader_channel
-            wire = event.to_wire()
             return scripts.finish(
                 self._settings, job_id, status, fields, wire, final_seq, text, unsent, reader
             )

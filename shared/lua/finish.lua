@@ -22,16 +22,14 @@
 -- or nil when the first one not yet logged is past `seq` (the log lost events before it).
 local function append_carried(id, seq)
   local log, reader, lines = key(T_LOG, id), ARGV[34], {}
+  local channel = reader == '' and key(T_CHAN, id) or nil  -- else batched into `lines`
   for i = 35, #ARGV, 2 do
     local event_seq = tonumber(ARGV[i])
     if event_seq > seq then
       return nil
     elseif event_seq == seq then
-      local payload = log_payload(seq, ARGV[i + 1])
-      redis.call('XADD', log, 'MAXLEN', '~', LOG_MAXLEN, '1-' .. seq, 'e', payload)
-      if reader == '' then
-        redis.call('PUBLISH', key(T_CHAN, id), payload)
-      else
+      local payload = log_append(log, channel, LOG_MAXLEN, 'PUBLISH', ARGV[i + 1], seq)
+      if not channel then
         lines[#lines + 1] = id
         lines[#lines + 1] = payload
       end

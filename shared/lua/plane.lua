@@ -19,13 +19,17 @@ local function log_payload(seq, event)
   return '{"seq":' .. seq .. ',' .. string.sub(event, 2)
 end
 
--- Append `event` to the log (created if absent) as its next event and publish it; `seq` is
--- the log's next seq where the caller read it (else nil).
+-- Append `event` to the log (created if absent) as its next event and publish it on
+-- `channel` (nil: the caller publishes it); `seq` is the log's next seq where the caller
+-- read it (else nil). Returns the payload, as the log holds it.
 local function log_append(log, channel, maxlen, publish, event, seq)
   seq = seq or log_next_seq(log)
   local payload = log_payload(seq, event)
   redis.call('XADD', log, 'MAXLEN', '~', maxlen, '1-' .. seq, 'e', payload)
-  redis.call(publish, channel, payload)
+  if channel then
+    redis.call(publish, channel, payload)
+  end
+  return payload
 end
 
 -- Append `event` as the log's last event and close the log (`seq` as for `log_append`).
