@@ -445,3 +445,50 @@ def test_the_worker_beats_its_heartbeat_at_most_once_a_second_unless_asked_with_
     worker.heartbeat(timeout=30)
     assert 0 < connection.ttl(worker.key) <= 30
     connection.close()
+
+
+def test_jobs_run_on_threads_kept_between_jobs_up_to_the_concurrency(redis_url: str) -> None:
+    connection = redis.Redis.from_url(redis_url)
+    queue = generation_queue(connection, "m", "normal")
+    for i in range(6):
+        queue.enqueue_call(GENERATE_FUNCTION, kwargs={"job_id": f"j{i}"}, job_id=f"j{i}")
+    threads: list[str] = []
+
+    def generate(job_id: str) -> dict[str, str]:
+        threads.append(threading.current_thread().name)
+        return {"status": "succeeded"}
+
+    worker = build_worker(
+        connection, "pooled", {GENERATE_FUNCTION: generate}, model="m", concurrency=2
+    )
+    worker.work(burst=True)
+    assert len(threads) == 6
+    assert 1 <= len(set(threads)) <= 2
+    assert sorted(FinishedJobRegistry(queue=queue).get_job_ids(cleanup=False)) == [
+        f"j{i}" for i in range(6)
+    ]
+    connection.close()
+
+
+def test_a_job_past_its_timeout_fails_with_rqs_timeout_error(redis_url: str) -> None:
+    connection = redis.Redis.from_url(redis_url)
+    queue = generation_queue(connection, "m", "normal")
+    queue.enqueue_call(GENERATE_FUNCTION, kwargs={"job_id": "slow"}, job_id="slow", timeout=1)
+    never = threading.Event()
+
+    def generate(job_id: str) -> dict[str, str]:
+        deadline = time.monotonic() + 20
+        while not never.wait(0.05) and time.monotonic() < deadline:
+            pass  # waits in slices, as `JobRunner` does, so the timeout can interrupt it
+        return {"status": "succeeded"}
+
+    worker = build_worker(connection, "timed", {GENERATE_FUNCTION: generate}, model="m")
+    started = time.monotonic()
+    worker.work(burst=True)
+    assert time.monotonic() - started < 15
+    assert FailedJobRegistry(queue=queue).get_job_ids(cleanup=False) == ["slow"]
+    failure = Job.fetch("slow", connection=connection, serializer=JSONSerializer).latest_result()
+    assert failure is not None and failure.exc_string is not None
+    assert "JobTimeoutException" in failure.exc_string
+    assert "maximum timeout value (1 seconds)" in failure.exc_string
+    connection.close()

@@ -707,3 +707,37 @@ def test_a_token_plane_of_its_own_gets_the_log_and_text_and_the_control_redis_th
         assert sync_redis.hget(keys.job("j"), "status") == "succeeded"
         assert sync_redis.keys("tokenrelay:job:{*") == []
         plane.close()
+
+
+def test_rqs_record_of_a_start_waits_for_the_batcher_to_take_the_job(
+    settings: Settings, sync_redis: redis.Redis, parts: tuple[CountingScripts, ActiveJobs]
+) -> None:
+    run, active = parts
+    engine = ScriptedEngine({"j": "hello"})
+    batcher = CountingBatcher(lambda: engine, run, settings, active)
+    submitted: list[BatchJob] = []
+    submit = batcher.submit
+
+    def recording_submit(job: BatchJob) -> None:
+        submitted.append(job)
+        submit(job)
+
+    batcher.submit = recording_submit  # type: ignore[method-assign]
+    taken_when_recorded: list[bool] = []
+    batcher.start()
+    try:
+        admit(run, settings, "j")
+        JobRunner(
+            engine,
+            batcher,
+            run,
+            settings,
+            "w",
+            active,
+            guard(settings, sync_redis),
+            on_started=lambda: taken_when_recorded.append(submitted[0].taken.is_set()),
+        ).generate("j", request())
+    finally:
+        batcher.stop()
+    assert taken_when_recorded == [True]
+    assert "".join(e.get("text", "") for e in events(sync_redis, "j")) == "hello"

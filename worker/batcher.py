@@ -59,7 +59,8 @@ comes, instead of two tokens every other step."""
 
 @dataclass(eq=False)
 class BatchJob:
-    """One job's state inside the batch; `done` is set when it leaves the batch."""
+    """One job's state inside the batch; `taken` is set when the batcher's loop holds it,
+    `done` when it leaves the batch."""
 
     job_id: str
     prompt_ids: list[int]
@@ -74,6 +75,7 @@ class BatchJob:
     finish_reason: Literal["stop", "length"] | None = None
     error: Exception | None = None
     abandoned: bool = False
+    taken: threading.Event = field(default_factory=threading.Event)
     done: threading.Event = field(default_factory=threading.Event)
 
     @property
@@ -163,10 +165,11 @@ class Batcher:
             job = self._inbox.get(timeout=_IDLE_WAIT_S) if block else self._inbox.get_nowait()
         except queue.Empty:
             return
-        self._waiting.append(job)
         while True:
+            job.taken.set()
+            self._waiting.append(job)
             try:
-                self._waiting.append(self._inbox.get_nowait())
+                job = self._inbox.get_nowait()
             except queue.Empty:
                 return
 

@@ -2,7 +2,9 @@
 `concurrency` jobs executing at once, and only allow-listed job functions.
 
 RQ 3.0 tracks a set of executions per worker; `ConcurrentWorker` runs each dequeued job's
-execution on its own thread (the job function hands the job to the batcher and waits), so
+execution on a thread of its own (the job function hands the job to the batcher and waits;
+the threads are kept between jobs, and one thread enforces every job's timeout: starting
+two threads per job cost ~1 ms of its start), so
 RQ's registries, `rq info` and the worker's state tell the truth while N jobs run. RQ's
 record of a job's start (one transaction: `record_start`) is written once the job function
 says the job started (`StartSignal`: after tokenrelay's START, with the job in the batch), so
@@ -13,7 +15,7 @@ tests/test_rq_worker.py): `dequeue_job_and_maintain_ttl`, `dequeue_timeout`,
 `check_for_suspension`, `get_heartbeat_ttl`, `Execution.create`, `Job.prepare_for_execution`,
 `Result.create`, `Job.finished_job_registry`, `_finalize_success`, `_finalize_failure`,
 `set_state`/`_state`, `last_heartbeat`, `request_stop`/`_stop_requested`, `teardown`,
-`executions`, `TimerDeathPenalty`, `handle_execution_ended`, `handle_job_success`
+`executions`, `BaseDeathPenalty`, `handle_execution_ended`, `handle_job_success`
 (replaced: `_record_success`), `increment_successful_job_count`,
 `increment_total_working_time`, `cleanup_execution`, `handle_job_failure`.
 """
@@ -25,6 +27,7 @@ import sys
 import threading
 import time
 from collections.abc import Callable, Mapping
+from queue import SimpleQueue
 from typing import Any
 
 import redis
@@ -35,12 +38,13 @@ from rq.job import Job, JobStatus
 from rq.queue import Queue
 from rq.results import Result
 from rq.serializers import JSONSerializer
-from rq.timeouts import JobTimeoutException, TimerDeathPenalty
+from rq.timeouts import JobTimeoutException
 from rq.utils import now, utcformat
 from rq.worker import SimpleWorker, WorkerStatus
 
 from tokenrelay.shared.rq_jobs import worker_queues
 from tokenrelay.worker.delivery import Backoff
+from tokenrelay.worker.job_timeouts import WatchdogDeathPenalty
 
 log = logging.getLogger(__name__)
 
@@ -91,7 +95,8 @@ class StartSignal:
     def __init__(self) -> None:
         self._local = threading.local()
 
-    def expect(self, record_start: Callable[[], object]) -> None:
+    def expect(self, record_start: Callable[[], object] | None) -> None:
+        """What `started` calls on this thread (None: nothing, once its job has ended)."""
         self._local.record_start = record_start
 
     def started(self) -> None:
@@ -135,6 +140,47 @@ class _AtMostEvery:
         return True
 
 
+class _JobThreads:
+    """Daemon threads that run jobs, started as needed up to `limit` and kept between jobs
+    (a thread started for each job cost ~0.3 ms of its start on a loaded 2-core box)."""
+
+    def __init__(self, limit: int) -> None:
+        self._limit = limit
+        self._work: SimpleQueue[Callable[[], None] | None] = SimpleQueue()
+        self._lock = threading.Lock()
+        self._idle = 0
+        self._threads: list[threading.Thread] = []
+
+    def run(self, work: Callable[[], None]) -> None:
+        """Run `work` on an idle thread, else a new one (else, at the limit, on the first
+        thread that finishes)."""
+        with self._lock:
+            if self._idle:
+                self._idle -= 1
+            elif len(self._threads) < self._limit:
+                name = f"job-{len(self._threads)}"
+                thread = threading.Thread(target=self._serve, name=name, daemon=True)
+                self._threads.append(thread)
+                thread.start()
+        self._work.put(work)
+
+    def join(self) -> None:
+        """Wait for the work given so far to end, and for the threads to exit."""
+        for _ in self._threads:
+            self._work.put(None)
+        for thread in self._threads:
+            thread.join()
+
+    def _serve(self) -> None:
+        while (work := self._work.get()) is not None:
+            try:
+                work()
+            except Exception:
+                log.exception("a job thread's work failed")
+            with self._lock:
+                self._idle += 1
+
+
 class ConcurrentWorker(SimpleWorker):
     """Executes up to `concurrency` jobs at once, each on its own thread.
 
@@ -143,7 +189,7 @@ class ConcurrentWorker(SimpleWorker):
     the drain), and waits for its running jobs before it deregisters.
     """
 
-    death_penalty_class = TimerDeathPenalty
+    death_penalty_class = WatchdogDeathPenalty
 
     def __init__(
         self,
@@ -160,7 +206,7 @@ class ConcurrentWorker(SimpleWorker):
         self._starts_in_flight = 0
         super().__init__(*args, **kwargs)
         self._slots = threading.BoundedSemaphore(concurrency)
-        self._job_threads: set[threading.Thread] = set()
+        self._job_threads = _JobThreads(concurrency)
         self._on_stop_requested = on_stop_requested
         self._dequeuing = False
 
@@ -230,11 +276,7 @@ class ConcurrentWorker(SimpleWorker):
                 self._starts_in_flight -= 1
 
     def execute_job(self, job: Job, queue: Queue) -> None:
-        thread = threading.Thread(
-            target=self._perform, args=(job, queue), name=f"job-{job.id}", daemon=True
-        )
-        self._job_threads.add(thread)
-        thread.start()
+        self._job_threads.run(lambda: self._perform(job, queue))
 
     def _perform(self, job: Job, queue: Queue) -> None:
         """RQ's `perform_job`, with its record of the start written when the job function
@@ -254,7 +296,7 @@ class ConcurrentWorker(SimpleWorker):
         except redis.RedisError as exc:
             log.warning("RQ's bookkeeping of job %s failed: %s", job.id, exc)
         finally:
-            self._job_threads.discard(threading.current_thread())
+            self._start_signal.expect(None)
             self._slots.release()
             self.set_state(WorkerStatus.IDLE)  # a no-op while other jobs run
 
@@ -324,8 +366,7 @@ class ConcurrentWorker(SimpleWorker):
             raise StopRequested()
 
     def teardown(self) -> None:
-        for thread in list(self._job_threads):
-            thread.join()
+        self._job_threads.join()
         super().teardown()
 
 
