@@ -113,25 +113,27 @@ async def relay(
     *,
     cancel_on_leave: bool = True,
 ) -> AsyncIterator[bytes]:
-    """`events` in `render`'s format, then `render.end()`; with `cancel_on_leave`, a client
-    that leaves before the end cancels the job."""
+    """`render.start()`, `events` in `render`'s format, then `render.end()`; with
+    `cancel_on_leave`, a client that leaves before the end cancels the job. The start goes
+    out with what follows it, in one write: a client then wakes once for its first token."""
     ended = False
+    head = render.start() or b""
     try:
-        if head := render.start():
-            yield head
         async for item in events:
             out = render.ping() if isinstance(item, Heartbeat) else render.event(item)
             if out:
-                yield out
+                yield head + out
+                head = b""
         ended = True
     except RedisError:
-        yield render.lost_redis()
+        yield head + render.lost_redis()
+        head = b""
         ended = True
     finally:
         if not ended and cancel_on_leave:
             state.spawn(cancel_quietly(state, job_id))
-    if tail := render.end():
-        yield tail
+    if closing := head + (render.end() or b""):
+        yield closing
 
 
 async def merge(streams: list[AsyncIterator[bytes]]) -> AsyncIterator[bytes]:
