@@ -122,8 +122,9 @@ async def relay(
         async for item in events:
             out = render.ping() if isinstance(item, Heartbeat) else render.event(item)
             if out:
-                yield head + out
-                head = b""
+                if head:  # only the first: the per-token path concatenates nothing
+                    out, head = head + out, b""
+                yield out
         ended = True
     except RedisError:
         yield head + render.lost_redis()

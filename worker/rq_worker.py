@@ -142,7 +142,9 @@ class _AtMostEvery:
 
 class _JobThreads:
     """Daemon threads that run jobs, started as needed up to `limit` and kept between jobs
-    (a thread started for each job cost ~0.3 ms of its start on a loaded 2-core box)."""
+    (a thread started for each job cost ~0.3 ms of its start on a loaded 2-core box). Not
+    `ThreadPoolExecutor`: its threads are joined at interpreter exit, so a job thread left
+    waiting on a batcher that died would keep the worker process from exiting."""
 
     def __init__(self, limit: int) -> None:
         self._limit = limit
@@ -182,7 +184,7 @@ class _JobThreads:
 
 
 class ConcurrentWorker(SimpleWorker):
-    """Executes up to `concurrency` jobs at once, each on its own thread.
+    """Executes up to `concurrency` jobs at once, each on a job thread of its own.
 
     A slot is taken before dequeuing, so a full worker leaves jobs in Redis for other
     workers. On SIGTERM/SIGINT it stops dequeuing, calls `on_stop_requested` (which bounds

@@ -49,7 +49,7 @@ from tokenrelay.worker.stop_strings import StopStringMatcher
 log = logging.getLogger(__name__)
 
 _WAIT_SLICE_S = 0.25
-TAKE_WAIT_S = 0.01
+_TAKE_WAIT_S = 0.01
 """How long a job's thread, having handed its job to the batcher, waits for the batcher to
 take it before it writes RQ's record of the start: building that transaction holds the
 GIL, and the batcher, woken for the job, waited it out before the job's first step (0.3 ms
@@ -172,7 +172,7 @@ class JobRunner:
             )
             self._batcher.submit(job)
             job_log = None  # the batcher's until the job leaves the batch
-            job.taken.wait(TAKE_WAIT_S)
+            job.taken.wait(_TAKE_WAIT_S)
             self._on_started()
             self._wait(job)
             job_log = job.log
