@@ -80,7 +80,7 @@ class AppState:
             ),
             scripts=control_scripts,
             plane_scripts=control_scripts if plane is None else AsyncScripts(plane),
-            hub=StreamHub(client if plane is None else plane),
+            hub=StreamHub(client if plane is None else plane, plane_shared=plane is None),
             keys=KeyRing.from_settings(settings),
             prompt_fit=PromptFit(client),
             connector=connector,

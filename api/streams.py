@@ -4,8 +4,11 @@ Redis Cluster token plane, with sharded pub/sub), shared by all its streams.
 `StreamHub.events(job_id, after_seq)` yields a job's events in `seq` order and ends with its
 terminal event. A job read by the API process that admitted it (`reader`: that process's
 `reader_id`) has its token events published on the reader's own channel, many jobs' in one
-message (`shared/lua/emit.lua`), and its other events on its job's channel: the hub listens on
-both (on its own reader channel always, on another process's while it reads a job of it).
+message (`shared/lua/emit.lua`); where one Redis holds the token plane, so are its `started`
+and final events (the job library, `shared/lua/library.lua`), and the hub subscribes nothing
+for such a job: it listens on its own reader channel always, and on another process's while
+it reads a job of it. Elsewhere a job's other events come on its job's channel, subscribed
+while the job is read.
 Each event comes as a `Delivery`, parsed once however many streams read it, beside its JSON
 as the log holds it, which a route may forward unchanged. It subscribes
 first, then replays the log, then forwards live events, dropping duplicates by `seq`, so a
@@ -277,10 +280,17 @@ class StreamHub:
     Redis Cluster client reads the logs from the node owning each job's slot and listens
     on one sharded pub/sub connection per primary node."""
 
-    def __init__(self, client: redis.asyncio.Redis | RedisCluster) -> None:
+    def __init__(
+        self, client: redis.asyncio.Redis | RedisCluster, *, plane_shared: bool = False
+    ) -> None:
         self._client = client
+        #: Whether the job library publishes on this Redis (one Redis for both planes): a job
+        #: with a reader then has every event on its reader's channel.
+        self._plane_shared = plane_shared
         self._listeners: dict[str, _Listener] = {}
         self._readers: dict[str, set[asyncio.Queue[Any]]] = {}
+        #: The job channels read through their reader's channel alone: that channel.
+        self._via_reader: dict[str, str] = {}
         self._confirmed: dict[str, asyncio.Event] = {}
         self._channel_listener: dict[str, _Listener] = {}
         #: Reader channels listened on, and how many readers use each.
@@ -396,20 +406,25 @@ class StreamHub:
     async def _subscription(
         self, job_id: str, reader: str | None
     ) -> AsyncIterator[asyncio.Queue[Any]]:
-        """A reader's queue of `job_id`'s messages, from its job channel and, where the job
-        has a reader on a plain Redis, that reader's channel."""
+        """A reader's queue of `job_id`'s messages: from its reader's channel, where the job
+        has a reader on a plain Redis; from its job channel too unless the job library
+        publishes every event of the job there (`plane_shared`)."""
         channel = keys.job_channel(job_id)
         reader_channel = None
         if reader is not None and self.reader_id is not None:
             reader_channel = keys.reader_channel(reader)
+        per_job = reader_channel is None or not self._plane_shared
         queue: asyncio.Queue[Any] = asyncio.Queue()
         readers = self._readers.setdefault(channel, set())
         readers.add(queue)
         if reader_channel is not None:
             self._reader_refs[reader_channel] = self._reader_refs.get(reader_channel, 0) + 1
+            if not per_job:
+                self._via_reader[channel] = reader_channel
         try:
             try:  # a failure here is Redis's (the request answers 503), never a 500
-                await self._listen(channel)
+                if per_job:
+                    await self._listen(channel)
                 if reader_channel is not None:
                     await self._listen(reader_channel)
             except _CONNECTION_ERRORS as exc:  # TimeoutError is an OSError
@@ -420,7 +435,9 @@ class StreamHub:
             readers.discard(queue)
             if not readers:
                 del self._readers[channel]
-                await self._unlisten(channel)
+                self._via_reader.pop(channel, None)
+                if per_job:
+                    await self._unlisten(channel)
             if reader_channel is not None:
                 self._reader_refs[reader_channel] -= 1
                 if not self._reader_refs[reader_channel]:
@@ -453,9 +470,10 @@ class StreamHub:
     def resync(self, channels: set[str]) -> None:
         """A listener's new connection subscribed `channels`: each of their readers re-reads
         its log from its last seq, for what was published while none was subscribed."""
-        for channel in channels:
-            for queue in self._readers.get(channel, ()):
-                queue.put_nowait(_RESYNC)
+        for channel, queues in self._readers.items():
+            if channel in channels or self._via_reader.get(channel) in channels:
+                for queue in queues:
+                    queue.put_nowait(_RESYNC)
 
     def confirm(self, channel: str) -> None:
         confirmed = self._confirmed.get(channel)

@@ -137,6 +137,9 @@ JOB_KEY_TEMPLATES: tuple[str, str, str, str] = (
     job_channel(ID_PLACEHOLDER),
     job_text(ID_PLACEHOLDER),
 )
+READER_CHANNEL_TEMPLATE = reader_channel(ID_PLACEHOLDER)
+"""A reader's channel with the placeholder for its reader id (the job library publishes a
+job's events there when the job has a reader)."""
 
 
 def file(file_id: str) -> str:

@@ -19,14 +19,18 @@ Common arguments of the library scripts (`library.lua`'s header):
     KEYS[1]  the lease set (`shared.keys.leases()`)
     KEYS[#KEYS - 1]  the token plane's outbox (`shared.keys.token_plane_outbox()`)
     KEYS[#KEYS]  the webhook delivery list (`shared.keys.webhook_deliveries()`), always last
-    ARGV[1..4]  key templates: job hash, event log, channel, text (`JOB_KEY_TEMPLATES`); the
-                last three empty when the token plane is a Redis of its own
-    ARGV[5]  event log MAXLEN (approximate)
-    ARGV[6]  result TTL in seconds
-    ARGV[7..25]  the job hash's field names and job statuses it uses (`LIBRARY_NAMES`)
-    ARGV[26]  the errors the scripts end jobs with (`shared.errors`), as JSON
-Script-specific arguments start at ARGV[27] (`LIBRARY_ARGC + 1`); each file's header lists
+    ARGV[1..5]  key templates: job hash, event log, channel, text (`JOB_KEY_TEMPLATES`) and
+                a reader's channel (`READER_CHANNEL_TEMPLATE`); the last four empty when the
+                token plane is a Redis of its own
+    ARGV[6]  event log MAXLEN (approximate)
+    ARGV[7]  result TTL in seconds
+    ARGV[8..27]  the job hash's field names and job statuses it uses (`LIBRARY_NAMES`)
+    ARGV[28]  the errors the scripts end jobs with (`shared.errors`), as JSON
+Script-specific arguments start at ARGV[29] (`LIBRARY_ARGC + 1`); each file's header lists
 them. Lua spells no error type, message, job status or job hash field name.
+A job with a reader (`JobField.READER`) has the events the library appends (START's
+`started`, `finish`'s final one) published on its reader's channel, as EMIT publishes its
+tokens, so the API process reading it subscribes nothing per job (`api.streams`).
 
 The token plane's scripts (`plane.lua`, then `emit.lua`, `open.lua` or `close.lua`) take
 every key in KEYS, one job's (EMIT: several jobs' on a plain Redis), so they run on a Redis
@@ -113,13 +117,14 @@ LIBRARY_NAMES: tuple[str, ...] = (
     JobField.ERROR_MESSAGE,
     JobField.WEBHOOK,
     JobField.WEBHOOK_EVENTS,
+    JobField.READER,
     JobStatus.QUEUED,
     JobStatus.RUNNING,
     JobStatus.FAILED,
     JobStatus.CANCELLED,
     JobStatus.EXPIRED,
 )
-"""The names the job library binds from ARGV[7..25], in its order (`F_*` fields, `S_*`
+"""The names the job library binds from ARGV[8..27], in its order (`F_*` fields, `S_*`
 statuses). Separate arguments, not one JSON object: decoding one costs several µs of Redis
 CPU on every call, EMIT included."""
 
@@ -139,7 +144,7 @@ _ERRORS = json.dumps(
 """The errors the job library ends jobs with, by situation: one JSON argument, which Lua
 decodes only on the way to ending a job with one."""
 
-LIBRARY_ARGC = 6 + len(LIBRARY_NAMES) + 1
+LIBRARY_ARGC = 7 + len(LIBRARY_NAMES) + 1
 """How many ARGV the job library takes before a script's own."""
 
 _REAP_BATCH = 100
@@ -173,14 +178,16 @@ class ScriptCall:
     args: list[Arg]
 
 
-_SEPARATE_PLANE_TEMPLATES = (keys.JOB_KEY_TEMPLATES[0], "", "", "")
+_SEPARATE_PLANE_TEMPLATES = (keys.JOB_KEY_TEMPLATES[0], "", "", "", "")
 """The job library's key templates where the token plane is a Redis of its own."""
 
 
 def _library_call(
     source: str, settings: Settings, *args: Arg, extra_keys: tuple[str, ...] = ()
 ) -> ScriptCall:
-    templates = keys.JOB_KEY_TEMPLATES if settings.token_plane_shared else _SEPARATE_PLANE_TEMPLATES
+    templates = _SEPARATE_PLANE_TEMPLATES
+    if settings.token_plane_shared:
+        templates = (*keys.JOB_KEY_TEMPLATES, keys.READER_CHANNEL_TEMPLATE)
     header: list[Arg] = [
         *templates,
         settings.event_log_maxlen,

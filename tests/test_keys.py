@@ -30,6 +30,8 @@ def test_lua_templates_expand_to_the_same_keys() -> None:
         keys.job_channel("abc"),
         keys.job_text("abc"),
     ]
+    reader = keys.READER_CHANNEL_TEMPLATE.replace(keys.ID_PLACEHOLDER, "abc")
+    assert reader == keys.reader_channel("abc")
 
 
 def test_webhook_key_strings_are_pinned() -> None:

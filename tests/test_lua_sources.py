@@ -123,15 +123,15 @@ def test_library_names_are_passed_in_the_order_lua_binds_them() -> None:
     library = lua("library.lua")
     bound: list[str] = []
     for names, first, last in _BINDING.findall(library):
-        assert int(first) == 7 + len(bound)
+        assert int(first) == 8 + len(bound)
         bound += re.split(r",\s*", names)
-        assert int(last) == 6 + len(bound)
+        assert int(last) == 7 + len(bound)
     fields = set(JobField)
     assert bound == [
         f"F_{JobField(name).name}" if name in fields else f"S_{JobStatus(name).name}"
         for name in scripts.LIBRARY_NAMES
     ]
-    assert 6 + len(bound) + 1 == scripts.LIBRARY_ARGC
+    assert 7 + len(bound) + 1 == scripts.LIBRARY_ARGC
     assert f"cjson.decode(ARGV[{scripts.LIBRARY_ARGC}])" in library
     assert f"arguments start at ARGV[{scripts.LIBRARY_ARGC + 1}]" in library
 

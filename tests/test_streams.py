@@ -10,6 +10,7 @@ import redis.asyncio
 from tokenrelay.api.streams import HEARTBEAT, Delivery, StreamHub
 from tokenrelay.shared import keys, scripts
 from tokenrelay.shared.events import Done, Started, TokenChunk, Usage
+from tokenrelay.shared.jobs import JobField
 from tokenrelay.shared.script_runner import SyncScripts
 from tokenrelay.shared.settings import Settings
 
@@ -172,6 +173,74 @@ async def test_a_readers_jobs_reach_it_and_another_process_through_the_readers_c
     finally:
         await home.close()
         await other.close()
+
+
+async def test_a_job_read_by_its_reader_needs_no_subscription_of_its_own(
+    settings: Settings, sync_redis: redis.Redis, async_redis: redis.asyncio.Redis
+) -> None:
+    """With one Redis for both planes, a job whose hash names a reader has its `started` and
+    final events on that reader's channel too (the job library publishes them there): the
+    reader hears the whole job live without subscribing the job's channel, one that runs to
+    its end and one cancelled while queued alike, and a new pub/sub connection still makes
+    it re-read its log."""
+    run = SyncScripts(sync_redis)
+    hub = CountingHub(async_redis, plane_shared=True)
+    assert hub.reader_id is not None
+    channel = keys.reader_channel(hub.reader_id)
+    fields = {JobField.READER: hub.reader_id}
+    for job_id in ("ran", "dropped"):
+        call = scripts.admit(settings, job_id, "o", "m", job_fields=fields)
+        scripts.check_admitted(run.run(call))
+    hub.start()
+
+    async def read(job_id: str) -> list[object]:
+        return [item.event async for item in hub.events(job_id, reader=hub.reader_id, idle_s=30)]  # type: ignore[union-attr]
+
+    try:
+        async with asyncio.timeout(10):
+            while await _subscribers(async_redis, channel) < 1:
+                await asyncio.sleep(0.01)
+        reading = [asyncio.create_task(read(job_id)) for job_id in ("ran", "dropped")]
+        async with asyncio.timeout(10):
+            while hub.channel_count < 2:
+                await asyncio.sleep(0.01)
+        started = Started(worker="w", prompt_tokens=1).to_wire()
+        run.run(scripts.start(settings, "ran", "w", started))
+        for seq in range(1, 4):
+            chunk = TokenChunk(text=f"{seq} ", tokens=1).to_wire()
+            await asyncio.to_thread(
+                run.run, scripts.emit(settings, [("ran", seq, chunk)], {"ran": channel})
+            )
+        run.run(scripts.cancel(settings, "dropped"))
+        usage = Usage(prompt_tokens=1, completion_tokens=3, total_tokens=4)
+        done = Done(finish_reason="length", usage=usage).to_wire()
+        run.run(scripts.finish(settings, "ran", "succeeded", {}, done, 4, reader_channel=channel))
+        ran, dropped = await asyncio.wait_for(asyncio.gather(*reading), 10)
+        for job_id in ("ran", "dropped"):
+            assert await _subscribers(async_redis, keys.job_channel(job_id)) == 0
+    finally:
+        await hub.close()
+    assert [type(event).__name__ for event in ran] == ["Started", *["TokenChunk"] * 3, "Done"]
+    assert [event.seq for event in ran] == list(range(5))  # type: ignore[attr-defined]
+    assert [type(event).__name__ for event in dropped] == ["Error"]
+    assert hub.replays == 2  # one each, at its start: every event came live
+
+
+async def test_a_new_connection_resyncs_readers_that_listen_through_a_reader_channel(
+    async_redis: redis.asyncio.Redis,
+) -> None:
+    """A job read through its reader's channel alone is re-read when that channel's
+    connection is replaced, as a job with a channel of its own is."""
+    hub = StreamHub(async_redis, plane_shared=True)
+    assert hub.reader_id is not None
+    via_reader: asyncio.Queue[object] = asyncio.Queue()
+    own: asyncio.Queue[object] = asyncio.Queue()
+    other: asyncio.Queue[object] = asyncio.Queue()
+    hub._readers = {keys.job_channel("a"): {via_reader}, keys.job_channel("b"): {own}}
+    hub._readers[keys.job_channel("c")] = {other}
+    hub._via_reader[keys.job_channel("a")] = keys.reader_channel(hub.reader_id)
+    hub.resync({keys.reader_channel(hub.reader_id), keys.job_channel("b")})
+    assert via_reader.qsize() == 1 and own.qsize() == 1 and other.empty()
 
 
 async def test_a_reader_channel_message_with_a_line_short_is_dropped_not_raised(

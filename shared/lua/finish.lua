@@ -1,11 +1,11 @@
--- FINISH: the job library's KEYS and ARGV[1..26] (library.lua), then
--- ARGV[27] job id, ARGV[28] terminal status, ARGV[29] hash fields (JSON object),
--- ARGV[30] final event (JSON without seq), ARGV[31] the seq the final event must get
+-- FINISH: the job library's KEYS and ARGV[1..28] (library.lua), then
+-- ARGV[29] job id, ARGV[30] terminal status, ARGV[31] hash fields (JSON object),
+-- ARGV[32] final event (JSON without seq), ARGV[33] the seq the final event must get
 -- (-1: any; the job's worker passes its count of events, so a log that lost some of them is
--- never closed), ARGV[32] '1' when ARGV[33] is the job's whole text, stored when this call
--- ends it (EMIT writes none: its worker holds it), else '0'; ARGV[34] where the job's token
+-- never closed), ARGV[34] '1' when ARGV[35] is the job's whole text, stored when this call
+-- ends it (EMIT writes none: its worker holds it), else '0'; ARGV[36] where the job's token
 -- events are published ('' for its own channel; else its reader's channel, as EMIT does),
--- ARGV[35..] the events its worker has not had applied yet, pairs of seq and event (JSON
+-- ARGV[37..] the events its worker has not had applied yet, pairs of seq and event (JSON
 -- without seq): appended first, each only at the log's next seq, as EMIT would (a resend is
 -- skipped, a gap refused), so a job's last chunk needs no EMIT call of its own (the token
 -- plane on this Redis only). Returns 1 if this call ended the job (or a resend of it finds
@@ -21,9 +21,9 @@
 -- Append the carried events from the log's next seq `seq` on; returns the seq after them,
 -- or nil when the first one not yet logged is past `seq` (the log lost events before it).
 local function append_carried(id, seq)
-  local log, reader, lines = key(T_LOG, id), ARGV[34], {}
+  local log, reader, lines = key(T_LOG, id), ARGV[36], {}
   local channel = reader == '' and key(T_CHAN, id) or nil  -- else batched into `lines`
-  for i = 35, #ARGV, 2 do
+  for i = 37, #ARGV, 2 do
     local event_seq = tonumber(ARGV[i])
     if event_seq > seq then
       return nil
@@ -42,7 +42,7 @@ local function append_carried(id, seq)
   return seq
 end
 
-local id, status, expected = ARGV[27], ARGV[28], tonumber(ARGV[31])
+local id, status, expected = ARGV[29], ARGV[30], tonumber(ARGV[33])
 local reads = finish_reads(id)
 local current, seq = reads[1], nil
 if expected >= 0 then
@@ -59,11 +59,11 @@ if expected >= 0 then
   if current == status and seq == expected + 1 then
     return 1
   end
-elseif ARGV[30] == '' and current == status then
+elseif ARGV[32] == '' and current == status then
   return 1
 end
-local done = finish(id, status, cjson.decode(ARGV[29]), ARGV[30], reads, seq)
-if done and ARGV[32] == '1' then
-  redis.call('SET', key(T_TEXT, id), ARGV[33], 'EX', RESULT_TTL)
+local done = finish(id, status, cjson.decode(ARGV[31]), ARGV[32], reads, seq)
+if done and ARGV[34] == '1' then
+  redis.call('SET', key(T_TEXT, id), ARGV[35], 'EX', RESULT_TTL)
 end
 return done and 1 or 0

@@ -3,39 +3,44 @@
 -- KEYS[1]  the lease set (`keys.leases()`)
 -- KEYS[#KEYS - 1]  the token plane's outbox (`keys.token_plane_outbox()`)
 -- KEYS[#KEYS]  the webhook delivery list (`keys.webhook_deliveries()`), always last
--- ARGV[1..4]  key templates: job hash, event log, channel, text (`keys.JOB_KEY_TEMPLATES`);
---             the last three are empty when the token plane is a Redis of its own: then a
---             job's events are its worker's to append there (START and FINISH leave them to
---             it), and a job ended here by anyone else has its final event queued in the
---             outbox, from which `shared.token_plane` appends it and closes the log
--- ARGV[5]  event log MAXLEN (approximate)
--- ARGV[6]  result TTL in seconds
--- ARGV[7..20]  the job hash's field names, bound below as F_* (`jobs.JobField`)
--- ARGV[21..25]  job statuses, bound below as S_* (`jobs.JobStatus`); both in the order of
+-- ARGV[1..5]  key templates: job hash, event log, channel, text (`keys.JOB_KEY_TEMPLATES`),
+--             and a reader's channel (`keys.READER_CHANNEL_TEMPLATE`); the last four are
+--             empty when the token plane is a Redis of its own: then a job's events are its
+--             worker's to append there (START and FINISH leave them to it), and a job ended
+--             here by anyone else has its final event queued in the outbox, from which
+--             `shared.token_plane` appends it and closes the log
+-- ARGV[6]  event log MAXLEN (approximate)
+-- ARGV[7]  result TTL in seconds
+-- ARGV[8..22]  the job hash's field names, bound below as F_* (`jobs.JobField`)
+-- ARGV[23..27]  job statuses, bound below as S_* (`jobs.JobStatus`); both in the order of
 --               `scripts.LIBRARY_NAMES`, which a test pins to these bindings
--- ARGV[26]  the errors scripts end jobs with, JSON: {lease_expired, queue_wait_expired,
+-- ARGV[28]  the errors scripts end jobs with, JSON: {lease_expired, queue_wait_expired,
 --           cancelled_before_start} each {type, message, event} (`shared.errors`); decoded
 --           only by a script that ends a job with one
--- Script-specific arguments start at ARGV[27].
+-- Script-specific arguments start at ARGV[29].
+-- A job with a reader (the API process that admitted it and streams it: the job hash's
+-- `reader`) has every event published on that reader's channel, as EMIT publishes its
+-- tokens there (lines: the job id, then the event), so its reader needs no subscription of
+-- its own per job; a job without one has them on its own channel.
 -- Spelled here, not passed in: the event log's entry field `e` (`api.streams` reads it), the
 -- delivery record's keys (`api.webhook_queue.Delivery`) and the webhook event names `start`
 -- and `completed` (`api.webhook_policy.WEBHOOK_EVENTS`): formats defined above `shared`.
 local LEASES = KEYS[1]
 local OUTBOX = KEYS[#KEYS - 1]
 local WEBHOOK_DELIVERIES = KEYS[#KEYS]
-local T_HASH, T_LOG, T_CHAN, T_TEXT = ARGV[1], ARGV[2], ARGV[3], ARGV[4]
+local T_HASH, T_LOG, T_CHAN, T_TEXT, T_READER = unpack(ARGV, 1, 5)
 local PLANE_HERE = T_LOG ~= ''
-local LOG_MAXLEN = ARGV[5]
-local RESULT_TTL = tonumber(ARGV[6])
+local LOG_MAXLEN = ARGV[6]
+local RESULT_TTL = tonumber(ARGV[7])
 local F_STATUS, F_NEXT_SEQ, F_OWNER, F_OWNER_JOBS, F_MODEL, F_WORKER, F_CREATED_AT,
   F_STARTED_AT, F_FINISHED_AT, F_CANCEL_REQUESTED, F_ERROR_TYPE, F_ERROR_MESSAGE, F_WEBHOOK,
-  F_WEBHOOK_EVENTS = unpack(ARGV, 7, 20)
-local S_QUEUED, S_RUNNING, S_FAILED, S_CANCELLED, S_EXPIRED = unpack(ARGV, 21, 25)
+  F_WEBHOOK_EVENTS, F_READER = unpack(ARGV, 8, 22)
+local S_QUEUED, S_RUNNING, S_FAILED, S_CANCELLED, S_EXPIRED = unpack(ARGV, 23, 27)
 local script_errors
 
--- The error `name` of ARGV[26]: {type, message, event}.
+-- The error `name` of ARGV[28]: {type, message, event}.
 local function script_error(name)
-  script_errors = script_errors or cjson.decode(ARGV[26])
+  script_errors = script_errors or cjson.decode(ARGV[28])
   return script_errors[name]
 end
 
@@ -48,16 +53,26 @@ local function next_seq(id)
   return log_next_seq(key(T_LOG, id))
 end
 
+-- Publish the job's event `payload` (as its log holds it) where its `reader` (the job hash's
+-- field, false when it has none) listens, else on the job's channel.
+local function publish_event(id, reader, payload)
+  if reader then
+    redis.call('PUBLISH', key(T_READER, reader), id .. '\n' .. payload)
+  else
+    redis.call('PUBLISH', key(T_CHAN, id), payload)
+  end
+end
+
 -- Append `event` as the job's next event and publish it (only where PLANE_HERE).
-local function emit(id, event)
-  log_append(key(T_LOG, id), key(T_CHAN, id), LOG_MAXLEN, 'PUBLISH', event)
+local function emit(id, reader, event)
+  publish_event(id, reader, log_append(key(T_LOG, id), nil, LOG_MAXLEN, 'PUBLISH', event))
 end
 
 -- The job hash's fields that ending a job reads, in one HMGET: {status, the owner's job
--- set, webhook URL, webhook events}; a caller that read them passes them to `finish`.
+-- set, webhook URL, webhook events, reader}; a caller that read them passes them to `finish`.
 local function finish_reads(id)
   return redis.call('HMGET', key(T_HASH, id), F_STATUS, F_OWNER_JOBS, F_WEBHOOK,
-    F_WEBHOOK_EVENTS)
+    F_WEBHOOK_EVENTS, F_READER)
 end
 
 -- Queue a webhook delivery of `event` ('start' or 'completed') if the job's webhook `url`
@@ -73,7 +88,7 @@ end
 -- caller's `finish_reads(id)` and `seq` the log's next seq, where it has them (else nil).
 local function finish(id, status, fields, event, reads, seq)
   local h = key(T_HASH, id)
-  local current, owner_jobs, url, events = unpack(reads or finish_reads(id))
+  local current, owner_jobs, url, events, reader = unpack(reads or finish_reads(id))
   if current ~= S_QUEUED and current ~= S_RUNNING then  -- unknown, or terminal already
     return false
   end
@@ -85,7 +100,7 @@ local function finish(id, status, fields, event, reads, seq)
   end
   redis.call('HSET', h, unpack(hash))
   if PLANE_HERE then
-    log_close(key(T_LOG, id), key(T_CHAN, id), LOG_MAXLEN, 'PUBLISH', event, seq)
+    publish_event(id, reader, log_close(key(T_LOG, id), nil, LOG_MAXLEN, 'PUBLISH', event, seq))
     -- No text key yet: only the worker's FINISH stores one, after this, with its TTL.
     redis.call('EXPIRE', key(T_LOG, id), RESULT_TTL)
   elseif event ~= '' then
@@ -100,7 +115,7 @@ local function finish(id, status, fields, event, reads, seq)
   return true
 end
 
--- End the job with `status` and the error named `name` in ARGV[26].
+-- End the job with `status` and the error named `name` in ARGV[28].
 local function fail(id, status, name)
   local err = script_error(name)
   local fields = {[F_ERROR_TYPE] = err.type, [F_ERROR_MESSAGE] = err.message}

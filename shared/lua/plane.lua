@@ -33,9 +33,11 @@ local function log_append(log, channel, maxlen, publish, event, seq)
 end
 
 -- Append `event` as the log's last event and close the log (`seq` as for `log_append`).
+-- Returns the payload, as the log holds it.
 local function log_close(log, channel, maxlen, publish, event, seq)
-  log_append(log, channel, maxlen, publish, event, seq)
+  local payload = log_append(log, channel, maxlen, publish, event, seq)
   redis.call('XSETID', log, CLOSED_LOG_ID)
+  return payload
 end
 
 -- Whether the log is closed (an absent log is not).

@@ -1,5 +1,5 @@
--- START: the job library's KEYS and ARGV[1..26] (library.lua), then
--- ARGV[27] job id, ARGV[28] worker name, ARGV[29] lease TTL (ms), ARGV[30] Started event.
+-- START: the job library's KEYS and ARGV[1..28] (library.lua), then
+-- ARGV[29] job id, ARGV[30] worker name, ARGV[31] lease TTL (ms), ARGV[32] Started event.
 -- Returns the running status when this worker now owns the job, else the status that stops
 -- it (expired when its queue wait ran out, or the terminal status it already has); false
 -- when the job is unknown or another worker runs it (a job given back to its queue after a
@@ -7,14 +7,15 @@
 -- A resend (the reply to the first call was lost) finds the job running here: running.
 -- Appends the Started event where the token plane is here, with the job's queue wait as its
 -- last field (`queue_wait_s`: seconds from `created_at` to this start, both Redis TIME), so
--- its reader need not read them from the job hash; on a token plane of its own the worker
--- appends it (OPEN) once this call said running, without one.
-local id = ARGV[27]
+-- its reader need not read them from the job hash, and publishes it on the reader's channel
+-- where the job has one (library.lua); on a token plane of its own the worker appends it
+-- (OPEN) once this call said running, without one.
+local id = ARGV[29]
 local h = key(T_HASH, id)
-local current, worker, url, events, created = unpack(redis.call('HMGET', h, F_STATUS, F_WORKER,
-  F_WEBHOOK, F_WEBHOOK_EVENTS, F_CREATED_AT))
+local current, worker, url, events, created, reader = unpack(redis.call('HMGET', h, F_STATUS,
+  F_WORKER, F_WEBHOOK, F_WEBHOOK_EVENTS, F_CREATED_AT, F_READER))
 if current == S_RUNNING then
-  return worker == ARGV[28] and S_RUNNING
+  return worker == ARGV[30] and S_RUNNING
 end
 if current ~= S_QUEUED then
   return current
@@ -25,15 +26,15 @@ if (not expiry) or tonumber(expiry) <= now then
   fail(id, S_EXPIRED, 'queue_wait_expired')
   return S_EXPIRED
 end
-redis.call('HSET', h, F_STATUS, S_RUNNING, F_STARTED_AT, stamp, F_WORKER, ARGV[28])
-redis.call('ZADD', LEASES, now + tonumber(ARGV[29]), id)
+redis.call('HSET', h, F_STATUS, S_RUNNING, F_STARTED_AT, stamp, F_WORKER, ARGV[30])
+redis.call('ZADD', LEASES, now + tonumber(ARGV[31]), id)
 if PLANE_HERE then
-  local started = ARGV[30]
+  local started = ARGV[32]
   if created then
     local wait = math.max(0, tonumber(stamp) - tonumber(created))
     started = string.sub(started, 1, -2) .. string.format(',"queue_wait_s":%.6f}', wait)
   end
-  emit(id, started)
+  emit(id, reader, started)
 end
 webhook(id, 'start', url, events)
 return S_RUNNING
