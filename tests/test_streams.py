@@ -226,6 +226,78 @@ async def test_a_job_read_by_its_reader_needs_no_subscription_of_its_own(
     assert hub.replays == 2  # one each, at its start: every event came live
 
 
+async def test_an_older_api_process_hears_a_readers_every_event_once(
+    settings: Settings, sync_redis: redis.Redis, async_redis: redis.asyncio.Redis
+) -> None:
+    """A hub that still subscribes per job (as API processes before reader channels for
+    every event did: `plane_shared` off) reads a job whose `started` and final events now
+    come on its reader channel: whole, each event once, live (upgrading workers first)."""
+    run = SyncScripts(sync_redis)
+    hub = CountingHub(async_redis)
+    assert hub.reader_id is not None
+    channel = keys.reader_channel(hub.reader_id)
+    call = scripts.admit(settings, "j", "o", "m", job_fields={JobField.READER: hub.reader_id})
+    scripts.check_admitted(run.run(call))
+    hub.start()
+
+    async def read() -> list[int]:
+        return [item.event.seq async for item in hub.events("j", reader=hub.reader_id, idle_s=30)]  # type: ignore[union-attr]
+
+    try:
+        reading = asyncio.create_task(read())
+        async with asyncio.timeout(10):
+            while await _subscribers(async_redis, keys.job_channel("j")) < 1:
+                await asyncio.sleep(0.01)
+        run.run(scripts.start(settings, "j", "w", Started(worker="w", prompt_tokens=1).to_wire()))
+        chunk = TokenChunk(text="a", tokens=1).to_wire()
+        run.run(scripts.emit(settings, [("j", 1, chunk)], {"j": channel}))
+        usage = Usage(prompt_tokens=1, completion_tokens=1, total_tokens=2)
+        done = Done(finish_reason="length", usage=usage).to_wire()
+        run.run(scripts.finish(settings, "j", "succeeded", {}, done, 2, reader_channel=channel))
+        assert await asyncio.wait_for(reading, 10) == [0, 1, 2]
+    finally:
+        await hub.close()
+    assert hub.replays == 1
+
+
+async def test_a_final_event_on_the_jobs_own_channel_reaches_a_reader_after_its_idle_time(
+    settings: Settings, sync_redis: redis.Redis, async_redis: redis.asyncio.Redis
+) -> None:
+    """A job read through its reader channel alone whose final event went on the job's own
+    channel (an older worker or API process ended it, mid-upgrade) still ends whole: its
+    reader finds the event in the log once it heard nothing for its idle time."""
+    run = SyncScripts(sync_redis)
+    hub = StreamHub(async_redis, plane_shared=True)
+    assert hub.reader_id is not None
+    call = scripts.admit(settings, "j", "o", "m", job_fields={JobField.READER: hub.reader_id})
+    scripts.check_admitted(run.run(call))
+    run.run(scripts.start(settings, "j", "w", Started(worker="w", prompt_tokens=1).to_wire()))
+    hub.start()
+    idle_s = 0.3
+    items: list[object] = []
+
+    async def read() -> None:
+        async for item in hub.events("j", reader=hub.reader_id, idle_s=idle_s):
+            items.append(item)
+
+    try:
+        reading = asyncio.create_task(read())
+        async with asyncio.timeout(10):
+            while not items:  # the Started event, replayed from the log
+                await asyncio.sleep(0.01)
+        done = Done(
+            finish_reason="stop", usage=Usage(prompt_tokens=1, completion_tokens=0, total_tokens=1)
+        )
+        payload = scripts.log_payload(1, done.to_wire())
+        sync_redis.xadd(keys.job_events("j"), {"e": payload}, id="1-1")
+        sync_redis.publish(keys.job_channel("j"), payload)  # heard by no one
+        await asyncio.wait_for(reading, 10)
+    finally:
+        await hub.close()
+    assert items[1] is HEARTBEAT
+    assert [item.event.seq for item in items if isinstance(item, Delivery)] == [0, 1]
+
+
 async def test_a_new_connection_resyncs_readers_that_listen_through_a_reader_channel(
     async_redis: redis.asyncio.Redis,
 ) -> None:
