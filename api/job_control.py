@@ -70,8 +70,9 @@ async def submit(
     `ContextLengthExceeded` for a request that can never fit a worker, `QuotaExceeded` or
     `Overloaded` when the key's or the global limit is reached. A batch line comes with
     its own unique id (`batch_job_id`) and is admitted as one (`scripts.admit`). A job this
-    process reads (`read_here`) names it as its reader: its worker publishes its tokens on
-    this process's channel (`StreamHub.reader_id`), where the hub listens anyway."""
+    process reads (`read_here`) names it as its reader: its events are published on this
+    process's channel (`StreamHub.reader_id`), where the hub listens anyway, and the hub
+    hears them from before the admission (`StreamHub.expect`)."""
     job_id = batch_job_id or uuid.uuid4().hex
     settings = state.settings
     reader = state.hub.reader_id if read_here else None
@@ -93,6 +94,21 @@ async def submit(
         ),
         job_fields=job_fields,
     )
+    if reader is not None:
+        state.hub.expect(job_id)  # heard from before its admission: no log to replay
+    try:
+        await _run_admission(state, job_id, admit, moves)
+    except BaseException:
+        state.hub.forget(job_id)
+        raise
+    return job_id
+
+
+async def _run_admission(
+    state: AppState, job_id: str, admit: scripts.ScriptCall, moves: int
+) -> None:
+    """Run ADMIT; raises if the job was refused or its admission is not safe."""
+    settings = state.settings
     try:
         reply = await state.scripts.run(admit)
     except RedisError:
@@ -121,7 +137,6 @@ async def submit(
             await state.scripts.run(finish)
             await drain_outbox(state.redis, state.plane_scripts, settings)
             raise RedisUnavailable("the job could not be enqueued; retry shortly") from exc
-    return job_id
 
 
 async def owned_job(state: AppState, caller: Caller, job_id: str) -> tuple[dict[str, str], str]:

@@ -55,6 +55,9 @@ _SILENCE_S = 6.0
 _PING_MESSAGE = "tokenrelay-hub"
 _RESYNC_PING = "tokenrelay-hub-subscribed"
 """Pinged after a new connection's subscriptions: its reply says they are in place."""
+_EXPECTED_S = 60.0
+"""How long the hub hears a job it `expect`s before a reader takes it over; then it stops
+(a reader that comes later replays the log, as any other)."""
 # What a dropped pub/sub connection raises: under uvloop, a command written to a transport
 # that Redis closed raises RuntimeError ("the handler is closed"), not a ConnectionError; a
 # cluster whose slots are not all served raises RedisClusterException, not a RedisError.
@@ -291,6 +294,9 @@ class StreamHub:
         self._readers: dict[str, set[asyncio.Queue[Any]]] = {}
         #: The job channels read through their reader's channel alone: that channel.
         self._via_reader: dict[str, str] = {}
+        #: Jobs heard since before their admission (`expect`): each one's queue, and until
+        #: when it is kept for a reader to take over (loop time), oldest first.
+        self._expected: dict[str, tuple[asyncio.Queue[Any], float]] = {}
         self._confirmed: dict[str, asyncio.Event] = {}
         self._channel_listener: dict[str, _Listener] = {}
         #: Reader channels listened on, and how many readers use each.
@@ -321,6 +327,41 @@ class StreamHub:
     def channel_count(self) -> int:
         return len(self._readers)
 
+    def expect(self, job_id: str) -> None:
+        """Hear `job_id`'s events from now on, before this process admits it to read it here
+        (its reader is this process), where the job library publishes every event of such a
+        job on this process's channel and that channel's subscription is in place: a reader
+        that takes the job over (`events`, within `_EXPECTED_S`) has then heard every event
+        and replays nothing from the log."""
+        if not self._plane_shared or self.reader_id is None:
+            return
+        own = keys.reader_channel(self.reader_id)
+        if not self._confirmed[own].is_set():
+            return
+        now = asyncio.get_running_loop().time()
+        while self._expected:
+            oldest, (_, until) = next(iter(self._expected.items()))
+            if until > now:
+                break
+            self.forget(oldest)
+        queue: asyncio.Queue[Any] = asyncio.Queue()
+        channel = keys.job_channel(job_id)
+        self._readers.setdefault(channel, set()).add(queue)
+        self._via_reader[channel] = own
+        self._expected[job_id] = (queue, now + _EXPECTED_S)
+
+    def forget(self, job_id: str) -> None:
+        """Stop hearing a job `expect`ed that no reader took over (its admission failed)."""
+        expected = self._expected.pop(job_id, None)
+        if expected is None:
+            return
+        channel = keys.job_channel(job_id)
+        readers = self._readers.get(channel, set())
+        readers.discard(expected[0])
+        if not readers:
+            self._readers.pop(channel, None)
+            self._via_reader.pop(channel, None)
+
     async def events(
         self,
         job_id: str,
@@ -341,10 +382,10 @@ class StreamHub:
                 for delivery in logged:
                     yield delivery
                 return
-        async with self._subscription(job_id, reader) as queue:
+        async with self._subscription(job_id, reader) as (queue, heard_all):
             alarm = _IdleAlarm(queue, idle_s)
             try:
-                pending = await self._replay(job_id, last_seq)
+                pending = [] if heard_all else await self._replay(job_id, last_seq)
                 while True:
                     for delivery in pending:
                         if delivery.event.seq <= last_seq:
@@ -405,16 +446,20 @@ class StreamHub:
     @contextlib.asynccontextmanager
     async def _subscription(
         self, job_id: str, reader: str | None
-    ) -> AsyncIterator[asyncio.Queue[Any]]:
+    ) -> AsyncIterator[tuple[asyncio.Queue[Any], bool]]:
         """A reader's queue of `job_id`'s messages: from its reader's channel, where the job
         has a reader on a plain Redis; from its job channel too unless the job library
-        publishes every event of the job there (`plane_shared`)."""
+        publishes every event of the job there (`plane_shared`). With it, whether the queue
+        has heard the job since before its admission (`expect`)."""
         channel = keys.job_channel(job_id)
         reader_channel = None
         if reader is not None and self.reader_id is not None:
             reader_channel = keys.reader_channel(reader)
         per_job = reader_channel is None or not self._plane_shared
-        queue: asyncio.Queue[Any] = asyncio.Queue()
+        expected = None
+        if reader == self.reader_id and not per_job:
+            expected = self._expected.pop(job_id, None)
+        queue: asyncio.Queue[Any] = asyncio.Queue() if expected is None else expected[0]
         readers = self._readers.setdefault(channel, set())
         readers.add(queue)
         if reader_channel is not None:
@@ -430,7 +475,7 @@ class StreamHub:
             except _CONNECTION_ERRORS as exc:  # TimeoutError is an OSError
                 message = f"pub/sub subscription failed: {exc!r}"
                 raise redis.exceptions.ConnectionError(message) from exc
-            yield queue
+            yield queue, expected is not None
         finally:
             readers.discard(queue)
             if not readers:

@@ -313,3 +313,17 @@ def test_an_admission_whose_reply_is_lost_leaves_no_job_queued(
     assert sync_redis.hget(keys.job(job_id), "status") == "cancelled"
     assert sync_redis.llen(generation_queue(sync_redis, "m", "normal").key) == 0
     assert sync_redis.zscore(keys.leases(), job_id) is None
+
+
+def test_a_refused_chat_leaves_its_api_process_hearing_nothing_for_it(redis_url: str) -> None:
+    """A streamed chat heard from before its admission (`StreamHub.expect`) and then refused
+    at admission (503, the global limit) is forgotten: the hub keeps no reader of it."""
+    settings = Settings(redis_url=redis_url, served_model_name="m", max_inflight=1)
+    with TestClient(create_app(settings)) as client:
+        assert client.post("/v1/jobs", json={"model": "m", "messages": MESSAGES}).status_code == 202
+        body = {"model": "m", "messages": MESSAGES, "stream": True}
+        refused = client.post("/v1/chat/completions", json=body)
+        assert refused.status_code == 503, refused.text
+        assert refused.json()["error"]["code"] == "cluster_overloaded"
+        hub = client.app.state.tokenrelay.hub  # type: ignore[attr-defined]
+        assert hub.channel_count == 0 and not hub._expected

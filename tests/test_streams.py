@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import asyncio
 
+import pytest
 import redis
 import redis.asyncio
 
+from tokenrelay.api import streams
 from tokenrelay.api.streams import HEARTBEAT, Delivery, StreamHub
 from tokenrelay.shared import keys, scripts
 from tokenrelay.shared.events import Done, Started, TokenChunk, Usage
@@ -224,6 +226,69 @@ async def test_a_job_read_by_its_reader_needs_no_subscription_of_its_own(
     assert [event.seq for event in ran] == list(range(5))  # type: ignore[attr-defined]
     assert [type(event).__name__ for event in dropped] == ["Error"]
     assert hub.replays == 2  # one each, at its start: every event came live
+
+
+async def test_a_job_heard_from_before_its_admission_replays_nothing(
+    settings: Settings, sync_redis: redis.Redis, async_redis: redis.asyncio.Redis
+) -> None:
+    """A job the hub `expect`s before admitting it hears every event, including those
+    published before its reader came, and its reader reads the log not once; a reader of
+    a job the hub did not expect replays it as before."""
+    run = SyncScripts(sync_redis)
+    hub = CountingHub(async_redis, plane_shared=True)
+    assert hub.reader_id is not None
+    channel = keys.reader_channel(hub.reader_id)
+    hub.start()
+    try:
+        await asyncio.wait_for(hub._confirmed[channel].wait(), 10)  # subscribed
+        for job_id in ("expected", "not"):
+            if job_id == "expected":
+                hub.expect(job_id)
+            call = scripts.admit(
+                settings, job_id, "o", "m", job_fields={JobField.READER: hub.reader_id}
+            )
+            scripts.check_admitted(run.run(call))
+            run.run(
+                scripts.start(settings, job_id, "w", Started(worker="w", prompt_tokens=1).to_wire())
+            )
+            usage = Usage(prompt_tokens=1, completion_tokens=0, total_tokens=1)
+            done = Done(finish_reason="stop", usage=usage).to_wire()
+            run.run(
+                scripts.finish(settings, job_id, "succeeded", {}, done, 1, reader_channel=channel)
+            )
+        async with asyncio.timeout(10):
+            while hub._expected["expected"][0].qsize() < 2:
+                await asyncio.sleep(0.01)  # both events heard before any reader came
+        seqs = {}
+        for job_id in ("expected", "not"):
+            replays = hub.replays
+            seqs[job_id] = [
+                item.event.seq  # type: ignore[union-attr]
+                async for item in hub.events(job_id, reader=hub.reader_id, idle_s=30)
+            ]
+            seqs[job_id + " replays"] = hub.replays - replays  # type: ignore[assignment]
+    finally:
+        await hub.close()
+    assert seqs == {"expected": [0, 1], "expected replays": 0, "not": [0, 1], "not replays": 1}
+    assert hub.channel_count == 0
+
+
+async def test_an_expected_job_no_reader_takes_over_is_forgotten(
+    async_redis: redis.asyncio.Redis, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A job forgotten (its admission failed) or expected for longer than `_EXPECTED_S`
+    without a reader leaves nothing behind; a reader of it would replay the log."""
+    hub = StreamHub(async_redis, plane_shared=True)
+    assert hub.reader_id is not None
+    hub._confirmed[keys.reader_channel(hub.reader_id)].set()
+    hub.expect("refused")
+    hub.forget("refused")
+    assert hub.channel_count == 0 and not hub._via_reader
+    monkeypatch.setattr(streams, "_EXPECTED_S", 0.0)
+    hub.expect("abandoned")
+    hub.expect("next")  # finds the first one past its time
+    assert list(hub._expected) == ["next"] and hub.channel_count == 1
+    assert list(hub._via_reader) == [keys.job_channel("next")]
 
 
 async def test_an_older_api_process_hears_a_readers_every_event_once(
