@@ -12,7 +12,8 @@ while the job is read.
 Each event comes as a `Delivery`, parsed once however many streams read it, beside its JSON
 as the log holds it, which a route may forward unchanged. It subscribes
 first, then replays the log, then forwards live events, dropping duplicates by `seq`, so a
-late or reconnecting reader misses nothing. When the pub/sub connection drops (Redis
+late or reconnecting reader misses nothing; a job it heard from before its admission
+(`expect`) has nothing in its log to replay. When the pub/sub connection drops (Redis
 restart), the hub connects again and, once its subscriptions are back, each reader re-reads
 the log from its last `seq`: messages published meanwhile are recovered; so are they after
 a reader heard nothing for its idle time. A job that has ended is read from its log alone.
