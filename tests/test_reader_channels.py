@@ -1,6 +1,7 @@
 """Reader channels through real processes: a chat stream on one API process, its job's event
-stream read on another, while the worker publishes the job's tokens on the first one's
-channel (`keys.reader_channel`)."""
+stream read on another, while every event of the job goes on the first one's channel
+(`keys.reader_channel`): its tokens from the worker's EMIT, its `started` and final events
+from START and FINISH, so neither process subscribes to the job's own channel."""
 
 from __future__ import annotations
 
@@ -56,16 +57,21 @@ def test_a_chat_job_streams_whole_on_its_api_process_and_on_another(
                     events.append(json.loads(line.removeprefix("data: ")))
                     if len(events) == 2:  # the other process listens on the home channel
                         listeners.append(control.pubsub_numsub(channel)[0][1])
+                        # and neither process on the job's own: every event comes there
+                        own = control.pubsub_numsub(keys.job_channel(job_id))[0][1]
+                        listeners.append(own)
     finally:
         streaming.join(30)
     assert not streaming.is_alive()
-    assert listeners == [3]  # the home process, the other one, and this test
+    assert listeners == [3, 0]  # the home process, the other one, and this test; none
     messages = []
     while (message := overheard.get_message(timeout=1.0)) is not None:
         messages.append(message)
     overheard.close()
     carried = [m["data"].split("\n") for m in messages if m["type"] == "message"]
     assert carried and all(lines[0] == job_id for lines in carried)  # the tokens came here
+    overheard_types = [json.loads(lines[-1])["type"] for lines in carried]
+    assert overheard_types[-1] == "done"  # and the final event with them
     assert [e["seq"] for e in events] == list(range(len(events)))
     assert events[0]["type"] == "started" and events[-1]["type"] == "done"
     tokens = [e for e in events if e["type"] == "token"]
