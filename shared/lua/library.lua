@@ -63,7 +63,8 @@ local function publish_event(id, reader, payload)
   end
 end
 
--- Append `event` as the job's next event and publish it (only where PLANE_HERE).
+-- Append `event` as the job's next event and publish it where its `reader` listens, as
+-- `publish_event` does (only where PLANE_HERE).
 local function emit(id, reader, event)
   publish_event(id, reader, log_append(key(T_LOG, id), nil, LOG_MAXLEN, 'PUBLISH', event))
 end
