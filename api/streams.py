@@ -346,9 +346,7 @@ class StreamHub:
                 break
             self.forget(oldest)
         queue: asyncio.Queue[Any] = asyncio.Queue()
-        channel = keys.job_channel(job_id)
-        self._readers.setdefault(channel, set()).add(queue)
-        self._via_reader[channel] = own
+        self._add_reader(keys.job_channel(job_id), queue, own)
         self._expected[job_id] = (queue, now + _EXPECTED_S)
 
     def forget(self, job_id: str) -> None:
@@ -356,12 +354,24 @@ class StreamHub:
         expected = self._expected.pop(job_id, None)
         if expected is None:
             return
-        channel = keys.job_channel(job_id)
+        self._drop_reader(keys.job_channel(job_id), expected[0])
+
+    def _add_reader(self, channel: str, queue: asyncio.Queue[Any], via: str | None) -> None:
+        """Add a reader's `queue` of job channel `channel`, heard through reader channel
+        `via` alone, or (None) on the job channel too."""
+        self._readers.setdefault(channel, set()).add(queue)
+        if via is not None:
+            self._via_reader[channel] = via
+
+    def _drop_reader(self, channel: str, queue: asyncio.Queue[Any]) -> bool:
+        """Remove a reader's `queue` of job channel `channel`; True if it was the last."""
         readers = self._readers.get(channel, set())
-        readers.discard(expected[0])
-        if not readers:
-            self._readers.pop(channel, None)
-            self._via_reader.pop(channel, None)
+        readers.discard(queue)
+        if readers:
+            return False
+        self._readers.pop(channel, None)
+        self._via_reader.pop(channel, None)
+        return True
 
     async def events(
         self,
@@ -461,12 +471,9 @@ class StreamHub:
         if reader == self.reader_id and not per_job:
             expected = self._expected.pop(job_id, None)
         queue: asyncio.Queue[Any] = asyncio.Queue() if expected is None else expected[0]
-        readers = self._readers.setdefault(channel, set())
-        readers.add(queue)
+        self._add_reader(channel, queue, None if per_job else reader_channel)
         if reader_channel is not None:
             self._reader_refs[reader_channel] = self._reader_refs.get(reader_channel, 0) + 1
-            if not per_job:
-                self._via_reader[channel] = reader_channel
         try:
             try:  # a failure here is Redis's (the request answers 503), never a 500
                 if per_job:
@@ -478,12 +485,8 @@ class StreamHub:
                 raise redis.exceptions.ConnectionError(message) from exc
             yield queue, expected is not None
         finally:
-            readers.discard(queue)
-            if not readers:
-                del self._readers[channel]
-                self._via_reader.pop(channel, None)
-                if per_job:
-                    await self._unlisten(channel)
+            if self._drop_reader(channel, queue) and per_job:
+                await self._unlisten(channel)
             if reader_channel is not None:
                 self._reader_refs[reader_channel] -= 1
                 if not self._reader_refs[reader_channel]:
