@@ -311,25 +311,24 @@ def emit(
     `reader_channel`) has its events published there, with the call's other events for
     that channel in one message, not on its own channel."""
     reader_channels = reader_channels or {}
-    script_keys = [
-        key
-        for job_id, _, _ in events
-        for key in (
-            keys.job_events(job_id),
-            reader_channels.get(job_id) or keys.job_channel(job_id),
-        )
-    ]
-    batched = sorted(set(reader_channels.values()))
-    flat: list[Arg] = [
-        part for job_id, seq, event in events for part in (job_id, seq, log_payload(seq, event))
-    ]
-    header: list[Arg] = [
-        settings.event_log_maxlen,
+    groups: dict[str, list[EmitItem]] = {}  # reader channel ('' for none): its events
+    for item in events:
+        groups.setdefault(reader_channels.get(item[0]) or "", []).append(item)
+    trims = any(seq >= settings.event_log_maxlen for _, seq, _ in events)
+    script_keys: list[str] = []
+    args: list[Arg] = [
+        settings.event_log_maxlen if trims else "",
         publish_command(settings),
-        len(batched),
-        *batched,
+        len(groups),
     ]
-    return ScriptCall(EMIT, script_keys, [*header, *flat])
+    for channel, items in sorted(groups.items()):  # the jobs' own channels first
+        args += [channel, len(items)]
+        for job_id, seq, event in items:
+            script_keys.append(keys.job_events(job_id))
+            if not channel:
+                script_keys.append(keys.job_channel(job_id))
+            args += [job_id, f"1-{seq}", log_payload(seq, event)]
+    return ScriptCall(EMIT, script_keys, args)
 
 
 def log_payload(seq: int, event: str) -> str:

@@ -21,6 +21,11 @@ running job, so one EMIT call carries one event per job).
   an auto sequence (`1-*`, Redis >= 7.0; the entry id carries `seq`) and PUBLISH, no text.
 
     .venv/bin/python -m bench.redis_emit [--seconds 3] [--batch 1,8,64]
+    .venv/bin/python -m bench.redis_emit --callgrind 200 --batch 64   # instructions per event
+
+With `--callgrind CALLS`, Redis runs under valgrind's callgrind and each variant makes CALLS
+calls: the table gives Redis's instructions per event, which the machine's load does not move
+(the kernel's share, the socket reads and writes, is not in it).
 """
 
 from __future__ import annotations
@@ -32,11 +37,14 @@ import threading
 import time
 import uuid
 from collections.abc import Callable
+from contextlib import AbstractContextManager
+from typing import Protocol
 
 import redis
 from redis.typing import EncodableT, FieldT
 
 from bench.common import drain
+from bench.redis_emit.callgrind import CallgrindRedis
 from tokenrelay.cli.embedded_redis import EmbeddedRedis
 from tokenrelay.shared import keys, scripts
 from tokenrelay.shared.jobs import JobField, JobStatus
@@ -157,20 +165,63 @@ _READER = "bench-api-process"
 _EVENT = '{"type":"token","text":"lorem ","tokens":1}'
 
 
-def _redis_cpu_s(client: redis.Redis) -> float:
-    info = client.info("cpu")
-    return float(info["used_cpu_sys"]) + float(info["used_cpu_user"])
-
-
 def _calls(client: redis.Redis) -> int:
     stats = client.info("commandstats")
     return sum(int(v["calls"]) for name, v in stats.items() if name != "cmdstat_info")
 
 
+class _Meter(Protocol):
+    """What a measurement costs Redis: `start()`, then `stop()` returns the cost since."""
+
+    def start(self) -> None: ...
+
+    def stop(self) -> float: ...
+
+
+class _CpuMeter:
+    """Redis CPU in µs (`INFO cpu`)."""
+
+    def __init__(self, client: redis.Redis) -> None:
+        self._client = client
+        self._started = 0.0
+
+    def _cpu_s(self) -> float:
+        info = self._client.info("cpu")
+        return float(info["used_cpu_sys"]) + float(info["used_cpu_user"])
+
+    def start(self) -> None:
+        self._started = self._cpu_s()
+
+    def stop(self) -> float:
+        return 1e6 * (self._cpu_s() - self._started)
+
+
+class _InstructionMeter:
+    """Instructions Redis ran (callgrind)."""
+
+    def __init__(self, server: CallgrindRedis) -> None:
+        self._server = server
+
+    def start(self) -> None:
+        self._server.zero()
+
+    def stop(self) -> float:
+        return float(self._server.instructions())
+
+
 def measure(
-    client: redis.Redis, port: int, batch: int, seconds: float, variant: str, settings: Settings
+    client: redis.Redis,
+    port: int,
+    batch: int,
+    variant: str,
+    settings: Settings,
+    meter: _Meter,
+    *,
+    seconds: float = 0.0,
+    calls: int = 0,
 ) -> tuple[float, float, float]:
-    """(Redis CPU µs per event, Redis commands per event, events per second)."""
+    """(`meter`'s cost per event, Redis commands per event, events per second) of `calls`
+    calls, or of as many as `seconds` take."""
     job_ids = [uuid.uuid4().hex for _ in range(batch)]
     running: dict[FieldT, EncodableT] = {JobField.STATUS: JobStatus.RUNNING, JobField.NEXT_SEQ: 1}
     for job_id in job_ids:
@@ -214,16 +265,19 @@ def measure(
             lean_args += [job_id, _EVENT]
         send = lambda: script(keys=[], args=lean_args)  # noqa: E731
     send()
-    cpu0, calls0, t0, events = _redis_cpu_s(client), _calls(client), time.perf_counter(), 0
-    while time.perf_counter() - t0 < seconds:
+    commands0, events = _calls(client), 0
+    meter.start()
+    t0 = time.perf_counter()
+    while (calls and events < calls * batch) or (not calls and time.perf_counter() - t0 < seconds):
         send()
         events += batch
     wall = time.perf_counter() - t0
-    cpu, calls = _redis_cpu_s(client) - cpu0, _calls(client) - calls0
+    cost = meter.stop()
+    commands = _calls(client) - commands0
     stop.set()
     drainer.join()
     client.flushall()
-    return 1e6 * cpu / events, calls / events, events / wall
+    return cost / events, commands / events, events / wall
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -232,18 +286,42 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--seconds", type=float, default=3.0, help="per variant and batch")
     parser.add_argument("--batch", default="1,8,64", help="events (jobs) per script call")
+    parser.add_argument(
+        "--callgrind", type=int, metavar="CALLS", help="count instructions of CALLS calls"
+    )
     args = parser.parse_args(argv)
     settings = Settings()
-    print("| variant | events per call | Redis CPU µs per event | commands per event | events/s |")
-    print("|---|---|---|---|---|")
-    with EmbeddedRedis() as server:
-        client = redis.Redis.from_url(server.url, decode_responses=True)
+    server: AbstractContextManager[EmbeddedRedis | CallgrindRedis]
+    if args.callgrind:
+        server = CallgrindRedis()
+        print("| variant | events per call | Redis instructions per event | commands per event |")
+        print("|---|---|---|---|")
+    else:
+        server = EmbeddedRedis()
+        print(
+            "| variant | events per call | Redis CPU µs per event | commands per event | events/s |"
+        )
+        print("|---|---|---|---|---|")
+    with server as running:
+        client = redis.Redis(port=running.port, decode_responses=True)
+        meter = (
+            _InstructionMeter(running) if isinstance(running, CallgrindRedis) else _CpuMeter(client)
+        )
         for batch in (int(b) for b in args.batch.split(",")):
             for variant in (*_BODIES, "lean"):
-                cpu_us, commands, rate = measure(
-                    client, server.port, batch, args.seconds, variant, settings
+                cost, commands, rate = measure(
+                    client,
+                    running.port,
+                    batch,
+                    variant,
+                    settings,
+                    meter,
+                    seconds=args.seconds,
+                    calls=args.callgrind or 0,
                 )
-                print(f"| {variant} | {batch} | {cpu_us:.1f} | {commands:.2f} | {rate:,.0f} |")
+                row = f"| {variant} | {batch} | {cost:,.{0 if args.callgrind else 1}f} "
+                row += f"| {commands:.2f} |"
+                print(row if args.callgrind else f"{row} {rate:,.0f} |")
                 sys.stdout.flush()
         client.close()
     return 0
