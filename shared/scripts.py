@@ -403,16 +403,14 @@ def finish(
     final_seq: int = -1,
     text: str | None = None,
     unsent: Sequence[EmitItem] = (),
-    reader_channel: str | None = None,
 ) -> ScriptCall:
     """End a job; with `final_seq` >= 0, only if its log holds every event below it. `text`,
     the job's whole text, is stored when this call ends it. `unsent` (its worker's events
     Redis has not applied yet, as `JobLog.unacked` lists them) are appended first, each at
-    its seq, and published as EMIT would (on `reader_channel`, the job's `reader_channel`,
-    or its own channel), where the token plane is on this Redis."""
+    its seq, and published where the job's other events are (its reader's channel, else its
+    own), where the token plane is on this Redis."""
     args: list[Arg] = [job_id, status, json.dumps(fields), final_event, final_seq]
     args += ["0", ""] if text is None else ["1", text]
-    args.append(reader_channel or "")
     args += [part for _, seq, event in unsent for part in (seq, event)]
     return _library_call(FINISH, settings, *args)
 

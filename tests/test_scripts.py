@@ -12,6 +12,7 @@ from tokenrelay.cli.embedded_redis import EmbeddedRedis
 from tokenrelay.shared import keys, scripts
 from tokenrelay.shared.errors import Overloaded
 from tokenrelay.shared.events import Done, Error, Started, TokenChunk, Usage, parse_event
+from tokenrelay.shared.jobs import JobField
 from tokenrelay.shared.script_runner import SyncScripts
 from tokenrelay.shared.settings import Settings
 
@@ -390,10 +391,11 @@ def test_finish_appends_the_events_its_worker_carries_each_at_its_seq_once(
     run: SyncScripts, settings: Settings, sync_redis: redis.Redis
 ) -> None:
     """A worker's FINISH carries the job's unacknowledged events (its last chunk): they are
-    appended at the log's next seq and published on the job's reader channel in one message,
-    before the final event; a carried event the log holds is skipped, and one past a gap is
-    refused with the rest (the worker sends them all again)."""
-    admit(run, settings, "f")
+    appended at the log's next seq and published on the reader channel its hash names, in
+    one message, before the final event there; a carried event the log holds is skipped,
+    and one past a gap is refused with the rest (the worker sends them all again)."""
+    call = scripts.admit(settings, "f", "owner", "m", job_fields={JobField.READER: "r"})
+    scripts.check_admitted(run.run(call))
     run.run(scripts.start(settings, "f", "w1", started()))
     chunks = [("f", seq, TokenChunk(text=f"t{seq}", tokens=1).to_wire()) for seq in (1, 2, 3)]
     run.run(scripts.emit(settings, chunks[:1]))
@@ -407,9 +409,7 @@ def test_finish_appends_the_events_its_worker_carries_each_at_its_seq_once(
     reader = keys.reader_channel("r")
 
     def finish(carried: list[scripts.EmitItem]) -> scripts.ScriptCall:
-        return scripts.finish(
-            settings, "f", "succeeded", {}, done, 4, "t1t2t3", carried, reader_channel=reader
-        )
+        return scripts.finish(settings, "f", "succeeded", {}, done, 4, "t1t2t3", carried)
 
     assert run.run(finish(chunks[2:])) == scripts.FINISH_BEHIND  # seq 2 never reached Redis
     assert [e["seq"] for e in log(sync_redis, "f")] == [0, 1]
@@ -429,7 +429,7 @@ def test_finish_appends_the_events_its_worker_carries_each_at_its_seq_once(
     lines = [p for _, seq, event in chunks[1:] for p in ("f", scripts.log_payload(seq, event))]
     assert messages == [
         (reader, "\n".join(lines)),
-        (keys.job_channel("f"), scripts.log_payload(4, done)),
+        (reader, "f\n" + scripts.log_payload(4, done)),
     ]
 
 

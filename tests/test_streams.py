@@ -216,7 +216,7 @@ async def test_a_job_read_by_its_reader_needs_no_subscription_of_its_own(
         run.run(scripts.cancel(settings, "dropped"))
         usage = Usage(prompt_tokens=1, completion_tokens=3, total_tokens=4)
         done = Done(finish_reason="length", usage=usage).to_wire()
-        run.run(scripts.finish(settings, "ran", "succeeded", {}, done, 4, reader_channel=channel))
+        run.run(scripts.finish(settings, "ran", "succeeded", {}, done, 4))
         ran, dropped = await asyncio.wait_for(asyncio.gather(*reading), 10)
         for job_id in ("ran", "dropped"):
             assert await _subscribers(async_redis, keys.job_channel(job_id)) == 0
@@ -253,9 +253,7 @@ async def test_a_job_heard_from_before_its_admission_replays_nothing(
             )
             usage = Usage(prompt_tokens=1, completion_tokens=0, total_tokens=1)
             done = Done(finish_reason="stop", usage=usage).to_wire()
-            run.run(
-                scripts.finish(settings, job_id, "succeeded", {}, done, 1, reader_channel=channel)
-            )
+            run.run(scripts.finish(settings, job_id, "succeeded", {}, done, 1))
         async with asyncio.timeout(10):
             while hub._expected["expected"][0].qsize() < 2:
                 await asyncio.sleep(0.01)  # both events heard before any reader came
@@ -318,7 +316,7 @@ async def test_an_older_api_process_hears_a_readers_every_event_once(
         run.run(scripts.emit(settings, [("j", 1, chunk)], {"j": channel}))
         usage = Usage(prompt_tokens=1, completion_tokens=1, total_tokens=2)
         done = Done(finish_reason="length", usage=usage).to_wire()
-        run.run(scripts.finish(settings, "j", "succeeded", {}, done, 2, reader_channel=channel))
+        run.run(scripts.finish(settings, "j", "succeeded", {}, done, 2))
         assert await asyncio.wait_for(reading, 10) == [0, 1, 2]
     finally:
         await hub.close()

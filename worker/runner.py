@@ -291,9 +291,8 @@ class JobRunner:
             if not carried:
                 return scripts.finish(self._settings, job_id, status, fields, "")
             unsent = [] if job_log is None else job_log.unacked()
-            reader = None if job_log is None else job_log.reader_channel
             return scripts.finish(
-                self._settings, job_id, status, fields, wire, final_seq, text, unsent, reader
+                self._settings, job_id, status, fields, wire, final_seq, text, unsent
             )
 
         backoff = Backoff()

@@ -3,11 +3,11 @@
 -- ARGV[32] final event (JSON without seq), ARGV[33] the seq the final event must get
 -- (-1: any; the job's worker passes its count of events, so a log that lost some of them is
 -- never closed), ARGV[34] '1' when ARGV[35] is the job's whole text, stored when this call
--- ends it (EMIT writes none: its worker holds it), else '0'; ARGV[36] where the job's token
--- events are published ('' for its own channel; else its reader's channel, as EMIT does),
--- ARGV[37..] the events its worker has not had applied yet, pairs of seq and event (JSON
--- without seq): appended first, each only at the log's next seq, as EMIT would (a resend is
--- skipped, a gap refused), so a job's last chunk needs no EMIT call of its own (the token
+-- ends it (EMIT writes none: its worker holds it), else '0'; ARGV[36..] the events its
+-- worker has not had applied yet, pairs of seq and event (JSON without seq): appended first,
+-- each only at the log's next seq, as EMIT would (a resend is skipped, a gap refused), and
+-- published where the job's other events are (`publish_event`: its reader's channel, in one
+-- message, else its own), so a job's last chunk needs no EMIT call of its own (the token
 -- plane on this Redis only). Returns 1 if this call ended the job (or a resend of it finds
 -- the job ended so: that status, its final event at that seq), 0 if it was already terminal
 -- otherwise or is unknown, -1 if the job still runs and its log lacks events below that seq.
@@ -18,12 +18,13 @@
 -- and returns -2: its worker started it on an old primary, whose writes a failover
 -- discarded; it gives the job back.
 
--- Append the carried events from the log's next seq `seq` on; returns the seq after them,
--- or nil when the first one not yet logged is past `seq` (the log lost events before it).
-local function append_carried(id, seq)
-  local log, reader, lines = key(T_LOG, id), ARGV[36], {}
-  local channel = reader == '' and key(T_CHAN, id) or nil  -- else batched into `lines`
-  for i = 37, #ARGV, 2 do
+-- Append the carried events from the log's next seq `seq` on and publish them where the
+-- job's `reader` (false: none) listens; returns the seq after them, or nil when the first one
+-- not yet logged is past `seq` (the log lost events before it).
+local function append_carried(id, seq, reader)
+  local log, lines = key(T_LOG, id), {}
+  local channel = not reader and key(T_CHAN, id) or nil  -- else batched into `lines`
+  for i = 36, #ARGV, 2 do
     local event_seq = tonumber(ARGV[i])
     if event_seq > seq then
       return nil
@@ -37,7 +38,7 @@ local function append_carried(id, seq)
     end
   end
   if #lines > 0 then
-    redis.call('PUBLISH', reader, table.concat(lines, '\n'))
+    redis.call('PUBLISH', key(T_READER, reader), table.concat(lines, '\n'))
   end
   return seq
 end
@@ -51,7 +52,7 @@ if expected >= 0 then
     return -2
   end
   if current == S_RUNNING then
-    seq = append_carried(id, seq)
+    seq = append_carried(id, seq, reads[5])
     if not seq or seq < expected then
       return -1
     end
