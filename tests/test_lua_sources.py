@@ -6,6 +6,7 @@ import re
 from pathlib import Path
 
 import pytest
+import redis
 
 from tokenrelay.shared import batch_scripts, errors, scripts
 from tokenrelay.shared.jobs import JobField, JobStatus
@@ -29,7 +30,6 @@ SCRIPT_NAMES = (
     "WEBHOOK_RELEASE",
 )
 _TIME_CALL = re.compile(r"""redis\.p?call\(\s*['"]TIME['"]""")
-_BINDING = re.compile(r"local ([FS]_\w+(?:,\s*[FS]_\w+)*) = unpack\(ARGV, (\d+), (\d+)\)")
 _STRING_LITERAL = re.compile(r"""'((?:[^'\\]|\\.)*)'|"((?:[^"\\]|\\.)*)\"""")
 
 
@@ -119,20 +119,26 @@ def test_no_lua_is_left_in_python_modules() -> None:
             assert "redis.call(" not in path.read_text(encoding="utf-8"), path
 
 
-def test_library_names_are_passed_in_the_order_lua_binds_them() -> None:
-    library = lua("library.lua")
-    bound: list[str] = []
-    for names, first, last in _BINDING.findall(library):
-        assert int(first) == 8 + len(bound)
-        bound += re.split(r",\s*", names)
-        assert int(last) == 7 + len(bound)
+def test_library_names_are_compiled_in_from_python(sync_redis: redis.Redis) -> None:
+    """Each script on the job library binds, ahead of it, the names it uses from Python's
+    (`library_bindings`): a real Redis reads back each F_/S_ name's value and the errors'
+    JSON as Python wrote them; the library's own file binds none from ARGV."""
+    bindings = scripts.library_bindings()
+    for name in ("ADMIT", "START", "FINISH", "CANCEL", "REAP"):
+        source = getattr(scripts, name)
+        assert source.index(bindings) < source.index(lua("library.lua"))
     fields = set(JobField)
-    assert bound == [
+    variables = [
         f"F_{JobField(name).name}" if name in fields else f"S_{JobStatus(name).name}"
         for name in scripts.LIBRARY_NAMES
     ]
-    assert 7 + len(bound) + 1 == scripts.LIBRARY_ARGC
-    assert f"cjson.decode(ARGV[{scripts.LIBRARY_ARGC}])" in library
+    read_back = f"{bindings}\nreturn {{{', '.join(variables)}, SCRIPT_ERRORS}}"
+    values = sync_redis.eval(read_back, 0)
+    assert values == [*scripts.LIBRARY_NAMES, scripts._ERRORS]
+    library = lua("library.lua")
+    code = "\n".join(line.split("--", 1)[0] for line in library.splitlines())
+    assert max(int(n) for n in re.findall(r"ARGV\[(\d+)\]", code)) <= scripts.LIBRARY_ARGC
+    assert "unpack(ARGV, 1, 5)" in code and code.count("ARGV") == 3
     assert f"arguments start at ARGV[{scripts.LIBRARY_ARGC + 1}]" in library
 
 

@@ -102,7 +102,7 @@ local function refuse(id, h, next_seq, seq)
   end
 end
 
-for i = 29, #ARGV, 3 do
+for i = 8, #ARGV, 3 do
   local id = ARGV[i]
   if not refused[id] then
     local h = key(T_HASH, id)
@@ -123,7 +123,7 @@ return {gone, behind}
 
 PREVIOUS_EMIT_BODY = r"""
 local cancelled, gone, behind, refused, flagged = {}, {}, {}, {}, {}
-for i = 29, #ARGV, 4 do
+for i = 8, #ARGV, 4 do
   local id = ARGV[i]
   if not refused[id] then
     local h = key(T_HASH, id)

@@ -1,51 +1,51 @@
--- ADMIT: the job library's KEYS and ARGV[1..28] (library.lua), then
+-- ADMIT: the job library's KEYS and ARGV[1..7] (library.lua), then
 -- KEYS[2] recent job ids (list, newest first), KEYS[3] rejection counts (hash),
 -- KEYS[4] the owner's unfinished job ids (set), KEYS[5] the unfinished batch lines' job ids
--- (set; for a batch line KEYS[4] is that set too, and ARGV[37] the batch lines' share).
--- ARGV[29] job id, ARGV[30] limit, ARGV[31] queued lease (ms), ARGV[32] owner, ARGV[33] model,
--- ARGV[34] the most expired leases to reap first, ARGV[35] how many recent job ids to keep,
--- ARGV[36] the error type a refusal is counted under, ARGV[37] the owner's own limit
--- (0: none), ARGV[38] the error type an owner's refusal is counted under, ARGV[39] 1 when
--- batch lines do not count against ARGV[30] (interactive jobs), 0 when they do (batch lines:
+-- (set; for a batch line KEYS[4] is that set too, and ARGV[16] the batch lines' share).
+-- ARGV[8] job id, ARGV[9] limit, ARGV[10] queued lease (ms), ARGV[11] owner, ARGV[12] model,
+-- ARGV[13] the most expired leases to reap first, ARGV[14] how many recent job ids to keep,
+-- ARGV[15] the error type a refusal is counted under, ARGV[16] the owner's own limit
+-- (0: none), ARGV[17] the error type an owner's refusal is counted under, ARGV[18] 1 when
+-- batch lines do not count against ARGV[9] (interactive jobs), 0 when they do (batch lines:
 -- they take only spare capacity, and never the slots interactive jobs are admitted to),
--- ARGV[40] n, then n name, value pairs of further job hash fields (a webhook's), then the
+-- ARGV[19] n, then n name, value pairs of further job hash fields (a webhook's), then the
 -- queue entry's TTL in seconds ('' for none) and its record's name, value pairs; with an
 -- entry, KEYS[6] the set of queues, KEYS[7] the queue, KEYS[8] the job's queue record (RQ's
 -- job hash: `scripts.Enqueue`). An admitted job gets them in this script, never later.
 -- Returns {1, in_flight} when admitted, {0, in_flight} when the global limit is reached,
 -- {-1, owner_in_flight} when the owner's limit is; each followed by the ids of running jobs
 -- the reaping failed with the lease-expired error (their RQ registries still call them started).
-local id, limit, lease_ms = ARGV[29], tonumber(ARGV[30]), tonumber(ARGV[31])
+local id, limit, lease_ms = ARGV[8], tonumber(ARGV[9]), tonumber(ARGV[10])
 local now, stamp = now_ms()
-local lost = reap(now, tonumber(ARGV[34]))
-local owner_limit = tonumber(ARGV[37])
+local lost = reap(now, tonumber(ARGV[13]))
+local owner_limit = tonumber(ARGV[16])
 if owner_limit > 0 then
   local owner_in_flight = redis.call('SCARD', KEYS[4])
   if owner_in_flight >= owner_limit then
-    redis.call('HINCRBY', KEYS[3], ARGV[38], 1)
+    redis.call('HINCRBY', KEYS[3], ARGV[17], 1)
     return {-1, owner_in_flight, unpack(lost)}
   end
 end
 local in_flight = redis.call('ZCARD', LEASES)
-if ARGV[39] == '1' then
+if ARGV[18] == '1' then
   in_flight = in_flight - redis.call('SCARD', KEYS[5])
 end
 if in_flight >= limit then
-  redis.call('HINCRBY', KEYS[3], ARGV[36], 1)
+  redis.call('HINCRBY', KEYS[3], ARGV[15], 1)
   return {0, in_flight, unpack(lost)}
 end
 redis.call('ZADD', LEASES, now + lease_ms, id)
 redis.call('SADD', KEYS[4], id)
-local extra = tonumber(ARGV[40])
-redis.call('HSET', key(T_HASH, id), F_STATUS, S_QUEUED, F_OWNER, ARGV[32], F_MODEL, ARGV[33],
-  F_CREATED_AT, stamp, F_OWNER_JOBS, KEYS[4], unpack(ARGV, 41, 40 + 2 * extra))
-local entry_ttl = ARGV[41 + 2 * extra]
+local extra = tonumber(ARGV[19])
+redis.call('HSET', key(T_HASH, id), F_STATUS, S_QUEUED, F_OWNER, ARGV[11], F_MODEL, ARGV[12],
+  F_CREATED_AT, stamp, F_OWNER_JOBS, KEYS[4], unpack(ARGV, 20, 19 + 2 * extra))
+local entry_ttl = ARGV[20 + 2 * extra]
 if entry_ttl ~= '' then
   redis.call('SADD', KEYS[6], KEYS[7])
-  redis.call('HSET', KEYS[8], unpack(ARGV, 42 + 2 * extra, #ARGV))
+  redis.call('HSET', KEYS[8], unpack(ARGV, 21 + 2 * extra, #ARGV))
   redis.call('EXPIRE', KEYS[8], entry_ttl)
   redis.call('RPUSH', KEYS[7], id)
 end
 redis.call('LPUSH', KEYS[2], id)
-redis.call('LTRIM', KEYS[2], 0, tonumber(ARGV[35]) - 1)
+redis.call('LTRIM', KEYS[2], 0, tonumber(ARGV[14]) - 1)
 return {1, in_flight + 1, unpack(lost)}

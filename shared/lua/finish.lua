@@ -1,9 +1,9 @@
--- FINISH: the job library's KEYS and ARGV[1..28] (library.lua), then
--- ARGV[29] job id, ARGV[30] terminal status, ARGV[31] hash fields (JSON object),
--- ARGV[32] final event (JSON without seq), ARGV[33] the seq the final event must get
+-- FINISH: the job library's KEYS and ARGV[1..7] (library.lua), then
+-- ARGV[8] job id, ARGV[9] terminal status, ARGV[10] hash fields (JSON object),
+-- ARGV[11] final event (JSON without seq), ARGV[12] the seq the final event must get
 -- (-1: any; the job's worker passes its count of events, so a log that lost some of them is
--- never closed), ARGV[34] '1' when ARGV[35] is the job's whole text, stored when this call
--- ends it (EMIT writes none: its worker holds it), else '0'; ARGV[36..] the events its
+-- never closed), ARGV[13] '1' when ARGV[14] is the job's whole text, stored when this call
+-- ends it (EMIT writes none: its worker holds it), else '0'; ARGV[15..] the events its
 -- worker has not had applied yet, pairs of seq and event (JSON without seq): appended first,
 -- each only at the log's next seq, as EMIT would (a resend is skipped, a gap refused), and
 -- published where the job's other events are (`publish_event`: its reader's channel, in one
@@ -24,7 +24,7 @@
 local function append_carried(id, seq, reader)
   local log, lines = key(T_LOG, id), {}
   local channel = not reader and key(T_CHAN, id) or nil  -- else batched into `lines`
-  for i = 36, #ARGV, 2 do
+  for i = 15, #ARGV, 2 do
     local event_seq = tonumber(ARGV[i])
     if event_seq > seq then
       return nil
@@ -43,7 +43,7 @@ local function append_carried(id, seq, reader)
   return seq
 end
 
-local id, status, expected = ARGV[29], ARGV[30], tonumber(ARGV[33])
+local id, status, expected = ARGV[8], ARGV[9], tonumber(ARGV[12])
 local reads = finish_reads(id)
 local current, seq = reads[1], nil
 if expected >= 0 then
@@ -60,11 +60,11 @@ if expected >= 0 then
   if current == status and seq == expected + 1 then
     return 1
   end
-elseif ARGV[32] == '' and current == status then
+elseif ARGV[11] == '' and current == status then
   return 1
 end
-local done = finish(id, status, cjson.decode(ARGV[31]), ARGV[32], reads, seq)
-if done and ARGV[34] == '1' then
-  redis.call('SET', key(T_TEXT, id), ARGV[35], 'EX', RESULT_TTL)
+local done = finish(id, status, cjson.decode(ARGV[10]), ARGV[11], reads, seq)
+if done and ARGV[13] == '1' then
+  redis.call('SET', key(T_TEXT, id), ARGV[14], 'EX', RESULT_TTL)
 end
 return done and 1 or 0

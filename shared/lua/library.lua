@@ -11,13 +11,12 @@
 --             `shared.token_plane` appends it and closes the log
 -- ARGV[6]  event log MAXLEN (approximate)
 -- ARGV[7]  result TTL in seconds
--- ARGV[8..22]  the job hash's field names, bound below as F_* (`jobs.JobField`)
--- ARGV[23..27]  job statuses, bound below as S_* (`jobs.JobStatus`); both in the order of
---               `scripts.LIBRARY_NAMES`, which a test pins to these bindings
--- ARGV[28]  the errors scripts end jobs with, JSON: {lease_expired, queue_wait_expired,
---           cancelled_before_start} each {type, message, event} (`shared.errors`); decoded
---           only by a script that ends a job with one
--- Script-specific arguments start at ARGV[29].
+-- Script-specific arguments start at ARGV[8].
+-- Bound before this file, by `shared.scripts` (compiled into every script on the library,
+-- not sent with each call): the job hash's field names as F_* (`jobs.JobField`), the job
+-- statuses as S_* (`jobs.JobStatus`) and SCRIPT_ERRORS, the errors scripts end jobs with, as
+-- JSON: {lease_expired, queue_wait_expired, cancelled_before_start} each {type, message,
+-- event} (`shared.errors`), decoded only by a script that ends a job with one.
 -- A job with a reader (the API process that admitted it and streams it: the job hash's
 -- `reader`) has every event published on that reader's channel, as EMIT publishes its
 -- tokens there (lines: the job id, then the event), so its reader needs no subscription of
@@ -32,15 +31,11 @@ local T_HASH, T_LOG, T_CHAN, T_TEXT, T_READER = unpack(ARGV, 1, 5)
 local PLANE_HERE = T_LOG ~= ''
 local LOG_MAXLEN = ARGV[6]
 local RESULT_TTL = tonumber(ARGV[7])
-local F_STATUS, F_NEXT_SEQ, F_OWNER, F_OWNER_JOBS, F_MODEL, F_WORKER, F_CREATED_AT,
-  F_STARTED_AT, F_FINISHED_AT, F_CANCEL_REQUESTED, F_ERROR_TYPE, F_ERROR_MESSAGE, F_WEBHOOK,
-  F_WEBHOOK_EVENTS, F_READER = unpack(ARGV, 8, 22)
-local S_QUEUED, S_RUNNING, S_FAILED, S_CANCELLED, S_EXPIRED = unpack(ARGV, 23, 27)
 local script_errors
 
--- The error `name` of ARGV[28]: {type, message, event}.
+-- The error `name` of SCRIPT_ERRORS: {type, message, event}.
 local function script_error(name)
-  script_errors = script_errors or cjson.decode(ARGV[28])
+  script_errors = script_errors or cjson.decode(SCRIPT_ERRORS)
   return script_errors[name]
 end
 

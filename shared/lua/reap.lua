@@ -1,5 +1,5 @@
--- REAP: the job library's KEYS and ARGV[1..28] (library.lua), then
--- ARGV[29] the most leases to reap in this call.
+-- REAP: the job library's KEYS and ARGV[1..7] (library.lua), then
+-- ARGV[8] the most leases to reap in this call.
 -- Returns the ids of the running jobs it failed with the lease-expired error (RQ still shows
 -- them started).
-return reap(now_ms(), tonumber(ARGV[29]))
+return reap(now_ms(), tonumber(ARGV[8]))
