@@ -126,8 +126,8 @@ def _lua_string(text: str) -> str:
 def library_bindings() -> str:
     """The Lua locals the job library uses, from Python's names: each of `LIBRARY_NAMES` as
     `F_<JobField name>` or `S_<JobStatus name>`, and `SCRIPT_ERRORS` (`_ERRORS`). Compiled
-    into the script: 21 arguments fewer in every call, which cost Redis ~60,000 of a START's
-    ~250,000 instructions (`bench.redis_emit.callgrind`)."""
+    into the script: 21 arguments fewer in every call, ~30,000 fewer Redis instructions of
+    a START's ~255,000 (`bench.redis_scripts --callgrind`)."""
     fields = set(JobField)
     lines = ["-- The job library's names (`shared.scripts.library_bindings`)."]
     for name in LIBRARY_NAMES:

@@ -43,8 +43,8 @@ from typing import Protocol
 import redis
 from redis.typing import EncodableT, FieldT
 
+from bench.callgrind import CallgrindRedis
 from bench.common import drain
-from bench.redis_emit.callgrind import CallgrindRedis
 from tokenrelay.cli.embedded_redis import EmbeddedRedis
 from tokenrelay.shared import keys, scripts
 from tokenrelay.shared.jobs import JobField, JobStatus
