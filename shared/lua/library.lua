@@ -111,7 +111,7 @@ local function finish(id, status, fields, event, reads, seq)
   return true
 end
 
--- End the job with `status` and the error named `name` in ARGV[28].
+-- End the job with `status` and the error named `name` in SCRIPT_ERRORS.
 local function fail(id, status, name)
   local err = script_error(name)
   local fields = {[F_ERROR_TYPE] = err.type, [F_ERROR_MESSAGE] = err.message}
