@@ -99,13 +99,25 @@ class CountingScripts(SyncScripts):
 
     def run(self, call: ScriptCall, client: redis.Redis | None = None) -> Any:
         if call.source == scripts.EMIT:
-            self.emits.append(len(call.keys) // 2)  # a log and a channel per event
-            first = 3 + int(call.args[2])  # after MAXLEN, the publish command, the readers
-            triples = call.args[first:]
-            self.emitted.append(
-                [(str(i), int(s)) for i, s in zip(triples[::3], triples[1::3], strict=True)]
-            )
+            events = emitted_events(call)
+            self.emits.append(len(events))
+            self.emitted.append(events)
         return super().run(call, client)
+
+
+def emitted_events(call: ScriptCall) -> list[tuple[str, int]]:
+    """(job id, seq) of each event of an EMIT call, group by group (`emit.lua`: after
+    MAXLEN, the publish command and the number of groups, each group's channel and count,
+    then its events' job id, entry id `1-<seq>` and event)."""
+    events: list[tuple[str, int]] = []
+    at = 3
+    for _ in range(int(call.args[2])):
+        count, at = int(call.args[at + 1]), at + 2
+        for _ in range(count):
+            job_id, entry = call.args[at], str(call.args[at + 1])
+            events.append((str(job_id), int(entry.removeprefix("1-"))))
+            at += 3
+    return events
 
 
 def request(max_tokens: int = 50, stop: tuple[str, ...] = ()) -> dict[str, object]:
