@@ -27,8 +27,8 @@ class JobField(StrEnum):
     """The field names of a job's Redis hash (`shared.keys.job`), spelled here only.
 
     A StrEnum rather than a class of constants: members are `str`, so they go straight into
-    redis-py calls and dict lookups, and the enum can be iterated, which is how the Lua
-    scripts receive every name in one argument (`shared.scripts`)."""
+    redis-py calls and dict lookups, and the enum can be iterated; the names the Lua scripts
+    use are compiled into them from here (`shared.scripts.library_bindings`)."""
 
     STATUS = "status"
     OWNER = "owner"

@@ -1,19 +1,20 @@
 """Lua scripts over the lease set and the job keys, with typed wrappers.
 
 The sources are files of `shared/lua/`, loaded as package resources and joined here:
-`clock.lua` (`now_ms`, the one reader of Redis `TIME`, so the clocks of API nodes and workers
-never matter) comes first in every script that reads the time, and the job library
-(`library.lua`), after the token plane's (`plane.lua`), follows it in every script that may
-end a job. The library: `emit` appends an event at the job's next `seq` to its replay log
-and publishes it (EMIT instead applies the seq the running job's worker numbered, so a resend
-is a no-op); `finish` moves a job to a terminal state exactly once (a job already terminal
-is left alone), emits its final event (or, where the token plane is a Redis of its own,
-leaves it in the outbox), releases its lease and puts the result keys on their TTL; `reap`
-ends jobs whose lease expired; `webhook` queues a webhook delivery when a job that asked for
-one (hash fields `JobField.WEBHOOK`, `JobField.WEBHOOK_EVENTS`) starts (`start`, in START) or
-ends (`completed`, in `finish`), in the same script as the transition, so none is lost or
-made twice; the dispatchers in `api.webhooks` send them (`api.webhook_queue` runs the
-WEBHOOK_* scripts).
+`clock.lua` (`now_ms`, the one reader of Redis `TIME`, so the clocks of API nodes and
+workers never matter) comes first in every script that reads the time, and the job library
+(`library.lua`), after the token plane's (`plane.lua`) and the Python names it uses
+(`library_bindings`), follows it in every script that may end a job. The library: `emit`
+appends an event at the job's next `seq` to its replay log and publishes it (EMIT instead
+applies the seq the running job's worker numbered, so a resend is a no-op); `finish` moves a
+job to a terminal state exactly once (a job already terminal is left alone), emits its final
+event (or, where the token plane is a Redis of its own, leaves it in the outbox), releases
+its lease and puts the result keys on their TTL; `reap` ends jobs whose lease expired;
+`webhook` queues a webhook delivery when a job that asked for one (hash fields
+`JobField.WEBHOOK`, `JobField.WEBHOOK_EVENTS`) starts (`start`, in START) or ends
+(`completed`, in `finish`), in the same script as the transition, so none is lost or made
+twice; the dispatchers in `api.webhooks` send them (`api.webhook_queue` runs the WEBHOOK_*
+scripts).
 
 Common arguments of the library scripts (`library.lua`'s header):
     KEYS[1]  the lease set (`shared.keys.leases()`)
@@ -74,7 +75,6 @@ def _source(*names: str) -> str:
 
 LIBRARY_NAMES: tuple[str, ...] = (
     JobField.STATUS,
-    JobField.NEXT_SEQ,
     JobField.OWNER,
     JobField.OWNER_JOBS,
     JobField.MODEL,
@@ -126,8 +126,7 @@ def _lua_string(text: str) -> str:
 def library_bindings() -> str:
     """The Lua locals the job library uses, from Python's names: each of `LIBRARY_NAMES` as
     `F_<JobField name>` or `S_<JobStatus name>`, and `SCRIPT_ERRORS` (`_ERRORS`). Compiled
-    into the script: 21 arguments fewer in every call, ~30,000 fewer Redis instructions of
-    a START's ~255,000 (`bench.redis_scripts --callgrind`)."""
+    into the script rather than sent with every call (bench/README.md, "Ninth pass")."""
     fields = set(JobField)
     lines = ["-- The job library's names (`shared.scripts.library_bindings`)."]
     for name in LIBRARY_NAMES:
@@ -332,6 +331,8 @@ def emit(
     `reader_channel`) has its events published there, with the call's other events for
     that channel in one message, not on its own channel."""
     reader_channels = reader_channels or {}
+    if reader_channels and settings.stream_redis_cluster:
+        raise ValueError("EMIT publishes on reader channels on a plain Redis only")
     groups: dict[str, list[EmitItem]] = {}  # reader channel ('' for none): its events
     for item in events:
         groups.setdefault(reader_channels.get(item[0]) or "", []).append(item)

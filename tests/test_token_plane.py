@@ -239,6 +239,16 @@ def gateway(make_module_cluster: ClusterFactory, shards: EmbeddedCluster) -> Clu
     )
 
 
+def test_emit_on_a_cluster_refuses_reader_channels() -> None:
+    """A cluster's EMIT declares every key and shard channel it touches; a reader's channel
+    (a plain Redis's batching) is not one of them, so building such a call is refused."""
+    cluster = Settings(stream_redis_url="redis://127.0.0.1:1/0", stream_redis_cluster=True)
+    events = [("j", 1, chunk("a"))]
+    with pytest.raises(ValueError, match="plain Redis only"):
+        scripts.emit(cluster, events, {"j": keys.reader_channel("r")})
+    assert scripts.emit(cluster, events).keys == [keys.job_events("j"), keys.job_channel("j")]
+
+
 def test_chat_streams_replays_and_cancels_with_the_token_plane_on_a_cluster(
     gateway: Cluster, shards: EmbeddedCluster
 ) -> None:

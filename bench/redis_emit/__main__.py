@@ -241,7 +241,8 @@ def measure(
         library = scripts.ADMIT[: scripts.ADMIT.index("-- ADMIT:")]
         library_call = scripts.reap(settings)
         body = _BODIES[variant]
-        source = scripts.EMIT if body is None else library + PREVIOUS_APPEND + body
+        next_seq = f"local F_NEXT_SEQ = '{JobField.NEXT_SEQ}'\n"  # the job library has none
+        source = scripts.EMIT if body is None else library + next_seq + PREVIOUS_APPEND + body
         script = client.register_script(source)
         sent = itertools.count(1)
 

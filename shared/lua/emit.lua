@@ -23,8 +23,8 @@
 -- missed is found by RENEW. Per event, cheap: the XADD carries MAXLEN only once its seq
 -- reaches it (a log of seqs up to `seq` cannot be longer; the trim check cost about as much
 -- as the append), and an event's seq is read as a number only on the rare paths (a resend,
--- a gap, a log that long): the common one compares the XADD's id with the event's, as
--- strings (Lua makes numbers of strings, and strings of numbers, slowly).
+-- a gap, a call that carries MAXLEN): the common one compares the XADD's id with the
+-- event's, as strings (Lua makes numbers of strings, and strings of numbers, slowly).
 -- Returns {ids of jobs no longer running, {id, next seq} flattened for jobs whose log has a
 -- gap}.
 local gone, behind, refused, expect = {}, {}, {}, {}

@@ -6,8 +6,8 @@
 -- ends it (EMIT writes none: its worker holds it), else '0'; ARGV[15..] the events its
 -- worker has not had applied yet, pairs of seq and event (JSON without seq): appended first,
 -- each only at the log's next seq, as EMIT would (a resend is skipped, a gap refused), and
--- published where the job's other events are (`publish_event`: its reader's channel, in one
--- message, else its own), so a job's last chunk needs no EMIT call of its own (the token
+-- published where the job's other events are (its reader's channel, all in one message, else
+-- its own), so a job's last chunk needs no EMIT call of its own (the token
 -- plane on this Redis only). Returns 1 if this call ended the job (or a resend of it finds
 -- the job ended so: that status, its final event at that seq), 0 if it was already terminal
 -- otherwise or is unknown, -1 if the job still runs and its log lacks events below that seq.
