@@ -79,11 +79,15 @@ class EmbeddedRedis:
         persistent: bool = False,
         extra_args: tuple[str, ...] = (),
         binary: str | None = None,
+        launcher: tuple[str, ...] = (),
     ) -> None:
+        """`launcher`: a command that runs the server, whose command line follows it (a
+        profiler's, for the benchmarks)."""
         self.port = port or free_port()
         self.persistent = persistent
         self._extra_args = extra_args
         self._binary = binary or find_redis_server()
+        self._launcher = launcher
         self._dir = tempfile.mkdtemp(prefix="tokenrelay-redis-")
         self._startup_timeout_s = startup_timeout_s
         self._process: subprocess.Popen[bytes] | None = None
@@ -92,8 +96,15 @@ class EmbeddedRedis:
     def url(self) -> str:
         return f"redis://127.0.0.1:{self.port}/0"
 
+    @property
+    def pid(self) -> int:
+        """The running server's process (its launcher's, with one)."""
+        assert self._process is not None
+        return self._process.pid
+
     def start(self) -> None:
-        args = [self._binary, "--port", str(self.port), "--bind", "127.0.0.1", "--save", ""]
+        args = [*self._launcher, self._binary, "--port", str(self.port), "--bind", "127.0.0.1"]
+        args += ["--save", ""]
         if self.persistent:
             args += ["--appendonly", "yes", "--appendfsync", "everysec"]
         else:

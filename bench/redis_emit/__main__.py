@@ -37,7 +37,6 @@ import threading
 import time
 import uuid
 from collections.abc import Callable
-from contextlib import AbstractContextManager
 from typing import Protocol
 
 import redis
@@ -292,7 +291,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     args = parser.parse_args(argv)
     settings = Settings()
-    server: AbstractContextManager[EmbeddedRedis | CallgrindRedis]
+    server: EmbeddedRedis
     if args.callgrind:
         server = CallgrindRedis()
         print("| variant | events per call | Redis instructions per event | commands per event |")
@@ -303,16 +302,16 @@ def main(argv: list[str] | None = None) -> int:
             "| variant | events per call | Redis CPU µs per event | commands per event | events/s |"
         )
         print("|---|---|---|---|---|")
-    with server as running:
-        client = redis.Redis(port=running.port, decode_responses=True)
+    with server:
+        client = redis.Redis(port=server.port, decode_responses=True)
         meter = (
-            _InstructionMeter(running) if isinstance(running, CallgrindRedis) else _CpuMeter(client)
+            _InstructionMeter(server) if isinstance(server, CallgrindRedis) else _CpuMeter(client)
         )
         for batch in (int(b) for b in args.batch.split(",")):
             for variant in (*_BODIES, "lean"):
                 cost, commands, rate = measure(
                     client,
-                    running.port,
+                    server.port,
                     batch,
                     variant,
                     settings,

@@ -19,7 +19,6 @@ inflates it), against the per-token EMIT.
 from __future__ import annotations
 
 import argparse
-from contextlib import AbstractContextManager
 from dataclasses import dataclass
 
 import redis
@@ -119,14 +118,11 @@ def main() -> int:
     parser.add_argument("--tokens", type=int, default=40)
     parser.add_argument("--callgrind", action="store_true", help="count instructions")
     args = parser.parse_args()
-    server: AbstractContextManager[EmbeddedRedis | CallgrindRedis] = (
-        CallgrindRedis() if args.callgrind else EmbeddedRedis()
-    )
-    with server as running:
-        client = redis.Redis(port=running.port, decode_responses=True)
-        url = f"redis://127.0.0.1:{running.port}/0"
-        settings = Settings(redis_url=url, max_inflight=args.jobs + 20)  # all at once
-        counted = running if isinstance(running, CallgrindRedis) else None
+    counted = CallgrindRedis() if args.callgrind else None
+    server = counted or EmbeddedRedis()
+    with server:
+        client = redis.Redis(port=server.port, decode_responses=True)
+        settings = Settings(redis_url=server.url, max_inflight=args.jobs + 20)  # all at once
         run_jobs(Meter(client, counted), settings, "warm", 20, args.tokens)
         meter = Meter(client, counted)
         run_jobs(meter, settings, "job", args.jobs, args.tokens)
