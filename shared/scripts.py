@@ -196,17 +196,6 @@ class Enqueue:
 
 
 @dataclass(frozen=True)
-class Writes:
-    """Writes a script makes once, with its own (FINISH: RQ's record of a job's success,
-    which `worker.rq_worker` builds with RQ's code): `commands`, each a command's name, its
-    key and the arguments after the key, unless the hash `guard` (key, field, value) already
-    holds that value, which the writes set (a resend after a lost reply)."""
-
-    guard: tuple[str, str, str]
-    commands: tuple[tuple[str, str, tuple[Arg, ...]], ...]
-
-
-@dataclass(frozen=True)
 class ScriptCall:
     """One script invocation, ready for a sync or async Redis client."""
 
@@ -436,27 +425,16 @@ def finish(
     final_seq: int = -1,
     text: str | None = None,
     unsent: Sequence[EmitItem] = (),
-    writes: Writes | None = None,
 ) -> ScriptCall:
     """End a job; with `final_seq` >= 0, only if its log holds every event below it. `text`,
     the job's whole text, is stored when this call ends it. `unsent` (its worker's events
     Redis has not applied yet, as `JobLog.unacked` lists them) are appended first, each at
     its seq, and published where the job's other events are (its reader's channel, else its
-    own), where the token plane is on this Redis. `writes` are made, once, where the call
-    returns 1 (the job ended with `status`)."""
+    own), where the token plane is on this Redis."""
     args: list[Arg] = [job_id, status, json.dumps(fields), final_event, final_seq]
     args += ["0", ""] if text is None else ["1", text]
-    write_keys: tuple[str, ...] = ()
-    write_args: list[Arg] = []
-    if writes is not None:
-        guard_key, guard_field, guard_value = writes.guard
-        write_keys = (guard_key, *(key for _, key, _ in writes.commands))
-        write_args = [guard_field, guard_value]
-        for name, _, command_args in writes.commands:
-            write_args += [name, len(command_args), *command_args]
-    args += [len(write_args), *write_args]
     args += [part for _, seq, event in unsent for part in (seq, event)]
-    return _library_call(FINISH, settings, *args, extra_keys=write_keys)
+    return _library_call(FINISH, settings, *args)
 
 
 def cancel(settings: Settings, job_id: str) -> ScriptCall:

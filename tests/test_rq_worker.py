@@ -15,7 +15,6 @@ import redis
 from rq import Queue, Worker
 from rq.job import Job
 from rq.registry import FailedJobRegistry, FinishedJobRegistry, StartedJobRegistry
-from rq.results import Result
 from rq.serializers import JSONSerializer
 from rq.suspension import resume, suspend
 
@@ -35,7 +34,7 @@ from tokenrelay.shared.settings import Settings
 from tokenrelay.worker.rq_worker import (
     DEQUEUE_WAIT_S,
     ConcurrentWorker,
-    RqRecords,
+    StartSignal,
     UnknownJobFunction,
     allow_listed_job_class,
     build_worker,
@@ -191,7 +190,7 @@ def test_rq_records_a_jobs_start_when_the_job_function_signals_it(redis_url: str
     connection = redis.Redis.from_url(redis_url)
     queue = generation_queue(connection, "m", "normal")
     queue.enqueue_call(GENERATE_FUNCTION, kwargs={"job_id": "a"}, job_id="a")
-    records = RqRecords()
+    start_signal = StartSignal()
     seen: list[tuple[str, int]] = []
     worker_ttls: list[int] = []
 
@@ -202,13 +201,13 @@ def test_rq_records_a_jobs_start_when_the_job_function_signals_it(redis_url: str
 
     def generate(job_id: str) -> dict[str, str]:
         seen.append(rq_view())
-        records.started()
+        start_signal.started()
         seen.append(rq_view())
-        records.started()  # once only
+        start_signal.started()  # once only
         return {"status": "succeeded"}
 
     worker = build_worker(
-        connection, "signalled", {GENERATE_FUNCTION: generate}, model="m", records=records
+        connection, "signalled", {GENERATE_FUNCTION: generate}, model="m", start_signal=start_signal
     )
     worker.work(burst=True)
     assert seen == [("queued", 0), ("started", 1)]
@@ -226,14 +225,14 @@ def _rq_commands_of_a_burst(redis_url: str, name: str, jobs: int) -> Counter[str
     queue = generation_queue(connection, "m", "normal")
     for i in range(jobs):
         queue.enqueue_call(GENERATE_FUNCTION, kwargs={"job_id": f"{name}{i}"}, job_id=f"{name}{i}")
-    records = RqRecords()
+    start_signal = StartSignal()
 
     def generate(job_id: str) -> dict[str, str]:
-        records.started()
+        start_signal.started()
         return {"status": "succeeded"}
 
     worker = build_worker(
-        connection, name, {GENERATE_FUNCTION: generate}, model="m", records=records
+        connection, name, {GENERATE_FUNCTION: generate}, model="m", start_signal=start_signal
     )
     connection.config_resetstat()
     worker.work(burst=True)
@@ -252,74 +251,6 @@ def test_rq_runs_a_job_in_two_transactions_and_writes_each_state_once(redis_url:
     assert per_job["exec"] == 2
     assert per_job.get("watch", 0) == 0  # no dependents to move: no WATCH and read first
     assert sum(per_job.values()) <= 30, per_job  # 47.7, 37.7, then 33.7 before
-
-
-def _rq_state(connection: redis.Redis, job_id: str, worker: ConcurrentWorker) -> dict[str, Any]:
-    """What RQ holds of an ended job, with what differs between jobs (times, ids) left out."""
-    queue = generation_queue(connection, "m", "normal")
-    job = Job.fetch(job_id, connection=connection, serializer=JSONSerializer)
-    result = job.latest_result()
-    assert result is not None
-    return {
-        "status": job.get_status().value,
-        "job_fields": sorted(connection.hkeys(job.key)),
-        "job_ttl": connection.ttl(job.key) > 0,
-        "result": (result.type, result.return_value, result.worker_name == worker.name),
-        "results": connection.xlen(f"rq:results:{job_id}"),
-        "result_ttl": connection.ttl(f"rq:results:{job_id}") > 0,
-        "finished": FinishedJobRegistry(queue=queue).get_job_ids(cleanup=False) == [job_id],
-        "started": StartedJobRegistry(queue=queue).count,
-        "executions": connection.keys(f"rq:execution:{job_id}:*"),
-        "worker": int(connection.hget(worker.key, "successful_job_count") or 0),
-        "worker_executions": connection.scard(f"rq:executions:{worker.name}"),
-    }
-
-
-def test_finish_writes_rqs_record_of_a_success_as_rqs_own_transaction_would(
-    redis_url: str,
-) -> None:
-    """A job function that has tokenrelay's FINISH make RQ's record of its success (recorded
-    from RQ's own code) leaves RQ holding what the worker's own transaction leaves, with one
-    transaction fewer a job (the start's is left)."""
-    connection = redis.Redis.from_url(redis_url)
-    run = SyncScripts(redis.Redis.from_url(redis_url, decode_responses=True))
-    settings = Settings(redis_url=redis_url)
-    records = RqRecords()
-    done = '{"type":"done"}'
-
-    def generate(job_id: str) -> dict[str, str]:
-        records.started()
-        if job_id.startswith("finish"):
-            writes = records.success_writes({"status": "succeeded"})
-            assert writes is not None
-            finish = scripts.finish(settings, job_id, "succeeded", {}, done, writes=writes)
-            assert run.run(finish) == 1
-            records.success_written()
-        return {"status": "succeeded"}
-
-    states = {}
-    for job_id in ("finish-a", "own-a"):
-        scripts.check_admitted(run.run(scripts.admit(settings, job_id, "o", "m")))
-        assert run.run(scripts.start(settings, job_id, "w", '{"type":"started"}')) == "running"
-        queue = generation_queue(connection, "m", "normal")
-        queue.enqueue_call(GENERATE_FUNCTION, kwargs={"job_id": job_id}, job_id=job_id)
-        worker = build_worker(
-            connection, f"w-{job_id}", {GENERATE_FUNCTION: generate}, model="m", records=records
-        )
-        connection.config_resetstat()
-        worker.work(burst=True)
-        exec_calls = int(connection.info("commandstats")["cmdstat_exec"]["calls"])
-        states[job_id] = (_rq_state(connection, job_id, worker), exec_calls)
-        for registry in (FinishedJobRegistry(queue=queue), StartedJobRegistry(queue=queue)):
-            connection.delete(registry.key)
-    by_finish, by_worker = states["finish-a"], states["own-a"]
-    assert by_finish[0] == by_worker[0]
-    assert by_finish[0]["status"] == "finished" and by_finish[0]["worker"] == 1
-    assert by_finish[0]["finished"] and by_finish[0]["started"] == 0
-    assert by_finish[0]["result"] == (Result.Type.SUCCESSFUL, {"status": "succeeded"}, True)
-    assert by_finish[0]["results"] == 1 and by_finish[0]["executions"] == []
-    assert by_worker[1] - by_finish[1] == 1  # of a burst's: registering, the start, ...
-    connection.close()
 
 
 def test_a_suspended_worker_still_takes_no_job(redis_url: str) -> None:
@@ -357,12 +288,12 @@ def test_one_worker_executes_n_jobs_at_once_and_rq_tells_the_truth(redis_url: st
     queue.enqueue_call(GENERATE_FUNCTION, kwargs={"job_id": "boom"}, job_id="boom")
     release = threading.Event()
     seen: dict[str, object] = {}
-    records = RqRecords()
+    start_signal = StartSignal()
 
     def generate(job_id: str) -> dict[str, str]:
         if job_id == "boom":  # fails before it signals its start: RQ records it at its end
             raise RuntimeError("boom")
-        records.started()  # as `JobRunner` does once the job is in the batch
+        start_signal.started()  # as `JobRunner` does once the job is in the batch
         assert release.wait(20)
         return {"status": "succeeded"}
 
@@ -403,7 +334,7 @@ def test_one_worker_executes_n_jobs_at_once_and_rq_tells_the_truth(redis_url: st
         {GENERATE_FUNCTION: generate},
         model="m",
         concurrency=3,
-        records=records,
+        start_signal=start_signal,
     )
     worker.work(burst=True)
     observer.join(timeout=30)

@@ -721,19 +721,6 @@ def test_a_token_plane_of_its_own_gets_the_log_and_text_and_the_control_redis_th
         plane.close()
 
 
-class _StartRecorder:
-    """RQ's records as a job runner reports them: `on_started` when it says the job started."""
-
-    def __init__(self, on_started: Callable[[], None]) -> None:
-        self.started = on_started
-
-    def success_writes(self, result: dict[str, str]) -> scripts.Writes | None:
-        return None
-
-    def success_written(self) -> None:
-        pass
-
-
 def test_rqs_record_of_a_start_waits_for_the_batcher_to_take_the_job(
     settings: Settings, sync_redis: redis.Redis, parts: tuple[CountingScripts, ActiveJobs]
 ) -> None:
@@ -760,9 +747,7 @@ def test_rqs_record_of_a_start_waits_for_the_batcher_to_take_the_job(
             "w",
             active,
             guard(settings, sync_redis),
-            rq_records=_StartRecorder(
-                lambda: taken_when_recorded.append(submitted[0].taken.is_set())
-            ),
+            on_started=lambda: taken_when_recorded.append(submitted[0].taken.is_set()),
         ).generate("j", request())
     finally:
         batcher.stop()

@@ -433,46 +433,6 @@ def test_finish_appends_the_events_its_worker_carries_each_at_its_seq_once(
     ]
 
 
-def test_finish_makes_its_writes_once_where_it_ends_the_job_and_never_where_it_does_not(
-    run: SyncScripts, settings: Settings, sync_redis: redis.Redis
-) -> None:
-    """FINISH's writes (RQ's record of a success) are made where it returns 1: once, also
-    when a resend after a lost reply finds the job ended so (their guard holds); a FINISH
-    that is refused (the log lacks events) or finds the job ended otherwise makes none."""
-    writes = scripts.Writes(
-        ("rq:job:w", "status", "finished"),
-        (
-            ("HSET", "rq:job:w", ("status", "finished", "ended_at", "now")),
-            ("HINCRBY", "rq:worker:x", ("successful_job_count", 1)),
-            ("ZADD", "rq:finished:q", (7, "w")),
-        ),
-    )
-    sync_redis.hset("rq:job:w", "status", "started")
-    admit(run, settings, "w")
-    run.run(scripts.start(settings, "w", "w1", started()))
-    done = Done(
-        finish_reason="stop", usage=Usage(prompt_tokens=1, completion_tokens=1, total_tokens=2)
-    ).to_wire()
-
-    def finish(status: str, final_seq: int) -> scripts.ScriptCall:
-        return scripts.finish(settings, "w", status, {}, done, final_seq, "t", [], writes)
-
-    assert run.run(finish("succeeded", 2)) == scripts.FINISH_BEHIND  # seq 1 never arrived
-    assert sync_redis.hget("rq:job:w", "status") == "started"
-    assert sync_redis.hget("rq:worker:x", "successful_job_count") is None
-    chunk = TokenChunk(text="t", tokens=1).to_wire()
-    run.run(scripts.emit(settings, [("w", 1, chunk)]))
-    assert run.run(finish("succeeded", 2)) == 1
-    assert run.run(finish("succeeded", 2)) == 1  # a resend after a lost reply
-    assert sync_redis.hgetall("rq:job:w") == {"status": "finished", "ended_at": "now"}
-    assert sync_redis.hget("rq:worker:x", "successful_job_count") == "1"
-    assert sync_redis.zrange("rq:finished:q", 0, -1, withscores=True) == [("w", 7.0)]
-    sync_redis.hset("rq:job:w", "status", "started")
-    assert run.run(finish("cancelled", 2)) == 0  # ended otherwise: no writes
-    assert sync_redis.hget("rq:job:w", "status") == "started"
-    assert sync_redis.hget("rq:worker:x", "successful_job_count") == "1"
-
-
 def test_a_worker_s_finish_leaves_a_job_it_never_started_here_queued(
     run: SyncScripts, settings: Settings, sync_redis: redis.Redis
 ) -> None:

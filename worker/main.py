@@ -24,7 +24,7 @@ from tokenrelay.worker.lease_keeper import LeaseKeeper
 from tokenrelay.worker.rq_worker import (
     DEQUEUE_WAIT_S,
     ConcurrentWorker,
-    RqRecords,
+    StartSignal,
     build_worker,
 )
 from tokenrelay.worker.runner import JobRunner
@@ -157,7 +157,7 @@ def run_worker(settings: Settings, *, demo: bool = False) -> int:
             **_SOCKET_TIMEOUTS,
         )
     guard = FailoverGuard(settings, guard_client, connector.primary_address)
-    records = RqRecords()
+    start_signal = StartSignal()
     runner = JobRunner(
         engine,
         batcher,
@@ -167,7 +167,7 @@ def run_worker(settings: Settings, *, demo: bool = False) -> int:
         active,
         guard,
         plane_scripts,
-        records,
+        start_signal.started,
     )
     limits = LimitsPublisher(
         settings.model_id,
@@ -209,7 +209,7 @@ def run_worker(settings: Settings, *, demo: bool = False) -> int:
                 model=settings.model_id,
                 concurrency=settings.worker_concurrency,
                 on_stop_requested=on_stop_requested,
-                records=records,
+                start_signal=start_signal,
             )
             try:
                 worker.work(logging_level="INFO")

@@ -7,21 +7,17 @@ the threads are kept between jobs, and one thread enforces every job's timeout: 
 two threads per job cost ~1 ms of its start), so
 RQ's registries, `rq info` and the worker's state tell the truth while N jobs run. RQ's
 record of a job's start (one transaction: `record_start`) is written once the job function
-says the job started (`RqRecords.started`: after tokenrelay's START, with the job in the
-batch), so a job's first token does not wait for it; if that write fails, it is tried again
-when the function returns, and a job whose start never lands stays out of RQ's registries
-(its RQ key expires with its queue-wait TTL). RQ's record of a job's success is written by
-tokenrelay's FINISH where the job function has it made there (`RqRecords.success_writes`:
-the commands RQ's own code sends, recorded, not sent), else in a transaction of its own once
-the function returned. RQ internals relied on (pinned by `rq==3.0.0`, covered by
+says the job started (`StartSignal`: after tokenrelay's START, with the job in the batch), so
+a job's first token does not wait for it; if that write fails, it is tried again when the
+function returns, and a job whose start never lands stays out of RQ's registries (its RQ key
+expires with its queue-wait TTL). RQ internals relied on (pinned by `rq==3.0.0`, covered by
 tests/test_rq_worker.py): `dequeue_job_and_maintain_ttl`, `dequeue_timeout`,
-`check_for_suspension`, `get_heartbeat_ttl`, `Execution.create`, `Execution.delete`,
-`Job.prepare_for_execution`, `Result.create`, `Job.finished_job_registry`,
-`_finalize_success`, `_finalize_failure`, `set_state`/`_state`, `last_heartbeat`,
-`request_stop`/`_stop_requested`, `teardown`, `executions`, `BaseDeathPenalty`,
-`handle_execution_ended`, `handle_job_success` (replaced: `_record_success`),
-`increment_successful_job_count`, `increment_total_working_time`, `handle_job_failure`, and
-that a pipeline lists the commands it holds in `command_stack`.
+`check_for_suspension`, `get_heartbeat_ttl`, `Execution.create`, `Job.prepare_for_execution`,
+`Result.create`, `Job.finished_job_registry`, `_finalize_success`, `_finalize_failure`,
+`set_state`/`_state`, `last_heartbeat`, `request_stop`/`_stop_requested`, `teardown`,
+`executions`, `BaseDeathPenalty`, `handle_execution_ended`, `handle_job_success`
+(replaced: `_record_success`), `increment_successful_job_count`,
+`increment_total_working_time`, `cleanup_execution`, `handle_job_failure`.
 """
 
 from __future__ import annotations
@@ -32,7 +28,7 @@ import threading
 import time
 from collections.abc import Callable, Mapping
 from queue import SimpleQueue
-from typing import Any, cast
+from typing import Any
 
 import redis
 from redis.typing import EncodableT, FieldT
@@ -47,7 +43,6 @@ from rq.utils import now, utcformat
 from rq.worker import SimpleWorker, WorkerStatus
 
 from tokenrelay.shared.rq_jobs import worker_queues
-from tokenrelay.shared.scripts import Writes
 from tokenrelay.worker.delivery import Backoff
 from tokenrelay.worker.job_timeouts import WatchdogDeathPenalty
 
@@ -69,11 +64,6 @@ sets the key's TTL from the job's timeout) always goes through."""
 SUSPENSION_CHECK_EVERY_S = 1.0
 """RQ checks whether workers are suspended (`rq suspend`: a transaction) before every
 dequeue; once a second at most is soon enough to notice it."""
-_RECORDED_COMMANDS = frozenset(
-    {"DEL", "EXPIRE", "HINCRBY", "HINCRBYFLOAT", "HSET", "PERSIST", "SREM", "XADD", "ZADD", "ZREM"}
-)
-"""The commands RQ's record of a success may have FINISH make: each writes its first
-argument, its one key."""
 BOOKKEEPING_RETRY_S = 60.0
 """How long RQ's bookkeeping of a job that ended is retried while Redis is unreachable. A
 job that ended as Redis went down kept its `rq:job:` key without a TTL, in RQ's started
@@ -98,6 +88,29 @@ def allow_listed_job_class(functions: Mapping[str, Callable[..., Any]]) -> type[
     return AllowListedJob
 
 
+class StartSignal:
+    """Lets a job function tell its worker, on the job's thread, that the job started: RQ's
+    record of the start is written then (`started`), after tokenrelay's START."""
+
+    def __init__(self) -> None:
+        self._local = threading.local()
+
+    def expect(self, record_start: Callable[[], object] | None) -> None:
+        """What `started` calls on this thread (None: nothing, once its job has ended)."""
+        self._local.record_start = record_start
+
+    def started(self) -> None:
+        """Write RQ's record of this thread's job's start, once; a Redis error is left to
+        the worker, which tries again when the job function returns."""
+        record_start = getattr(self._local, "record_start", None)
+        if record_start is None:
+            return
+        try:
+            record_start()
+        except redis.RedisError as exc:
+            log.warning("RQ's record of a job's start failed, will retry at its end: %s", exc)
+
+
 class _JobRun:
     """RQ's execution of one job, recorded once, on the job's thread."""
 
@@ -105,58 +118,11 @@ class _JobRun:
         self._worker = worker
         self._job = job
         self._execution: Execution | None = None
-        self.success_written = False
 
     def record_start(self) -> Execution:
         if self._execution is None:
             self._execution = self._worker.record_start(self._job)
         return self._execution
-
-    def success_writes(self, result: dict[str, str]) -> Writes | None:
-        """RQ's record of the job's success, returning `result`; None until RQ's record of
-        its start landed."""
-        if self._execution is None:
-            return None
-        return self._worker.success_writes(self._job, self._execution, result)
-
-
-class RqRecords:
-    """Lets a job function, on its job's thread, say when RQ's records of its job are
-    written: the start once tokenrelay's START made it (`started`), and the success by
-    tokenrelay's FINISH (`success_writes`, then `success_written` once FINISH made them)."""
-
-    def __init__(self) -> None:
-        self._local = threading.local()
-
-    def expect(self, run: _JobRun | None) -> None:
-        """The job this thread runs (None: none, once it has ended)."""
-        self._local.run = run
-
-    def current(self) -> _JobRun | None:
-        return cast(_JobRun | None, getattr(self._local, "run", None))
-
-    def started(self) -> None:
-        """Write RQ's record of this thread's job's start, once; a Redis error is left to
-        the worker, which tries again when the job function returns."""
-        run = self.current()
-        if run is None:
-            return
-        try:
-            run.record_start()
-        except redis.RedisError as exc:
-            log.warning("RQ's record of a job's start failed, will retry at its end: %s", exc)
-
-    def success_writes(self, result: dict[str, str]) -> Writes | None:
-        """RQ's record of this thread's job's success, returning `result`, for FINISH to
-        make (None: the worker writes it itself, after the function returns)."""
-        run = self.current()
-        return None if run is None else run.success_writes(result)
-
-    def success_written(self) -> None:
-        """FINISH made the writes `success_writes` gave."""
-        run = self.current()
-        if run is not None:
-            run.success_written = True
 
 
 class _AtMostEvery:
@@ -232,12 +198,12 @@ class ConcurrentWorker(SimpleWorker):
         *args: Any,
         concurrency: int,
         on_stop_requested: Callable[[], None],
-        records: RqRecords,
+        start_signal: StartSignal,
         **kwargs: Any,
     ) -> None:
         self._beats = _AtMostEvery(HEARTBEAT_EVERY_S)
         self._suspension_checks = _AtMostEvery(SUSPENSION_CHECK_EVERY_S)
-        self._records = records
+        self._start_signal = start_signal
         self._state_lock = threading.Lock()
         self._starts_in_flight = 0
         super().__init__(*args, **kwargs)
@@ -316,9 +282,9 @@ class ConcurrentWorker(SimpleWorker):
 
     def _perform(self, job: Job, queue: Queue) -> None:
         """RQ's `perform_job`, with its record of the start written when the job function
-        says so (`RqRecords`), or at the latest when the function returns."""
+        signals it (`StartSignal`), or at the latest when the function returns."""
         run = _JobRun(self, job)
-        self._records.expect(run)
+        self._start_signal.expect(run.record_start)
         try:
             try:
                 job.started_at = now()
@@ -332,7 +298,7 @@ class ConcurrentWorker(SimpleWorker):
         except redis.RedisError as exc:
             log.warning("RQ's bookkeeping of job %s failed: %s", job.id, exc)
         finally:
-            self._records.expect(None)
+            self._start_signal.expect(None)
             self._slots.release()
             self.set_state(WorkerStatus.IDLE)  # a no-op while other jobs run
 
@@ -345,24 +311,7 @@ class ConcurrentWorker(SimpleWorker):
     def handle_job_success(
         self, job: Job, queue: Queue, started_job_registry: Any, execution: Execution
     ) -> None:
-        run = self._records.current()
-        if run is not None and run.success_written:
-            self.executions.pop(execution.id, None)
-            return
         _until_redis_answers(lambda: self._record_success(job, execution))
-
-    def success_writes(self, job: Job, execution: Execution, result: dict[str, str]) -> Writes:
-        """`_record_success`'s commands for a job ending now with `result`, recorded for
-        FINISH to make (its guard: the job's RQ status finished)."""
-        job.ended_at = now()
-        with self.connection.pipeline(transaction=False) as pipe:
-            self._success_commands(job, execution, result, pipe)
-            stack = [args for args, _ in pipe.command_stack]
-        commands = tuple((str(args[0]), _text(args[1]), tuple(args[2:])) for args in stack)
-        unknown = {name for name, _, _ in commands} - _RECORDED_COMMANDS
-        if unknown:
-            raise RuntimeError(f"RQ's record of a success sends {sorted(unknown)}")
-        return Writes((_text(job.key), "status", JobStatus.FINISHED.value), commands)
 
     def _record_success(self, job: Job, execution: Execution) -> None:
         """RQ's `handle_job_success` for tokenrelay's jobs, which ADMIT enqueues without
@@ -371,37 +320,31 @@ class ConcurrentWorker(SimpleWorker):
         expiring the dependents' keys, which do not exist, and writing the two fields of the
         job's hash that changed since its start (`Job._handle_success` writes them all,
         the request's payload included)."""
-        with self.connection.pipeline() as pipe:
-            self._success_commands(job, execution, job._result, pipe)
-            pipe.execute()
-        self.executions.pop(execution.id, None)
-
-    def _success_commands(
-        self, job: Job, execution: Execution, result: Any, pipe: redis.client.Pipeline
-    ) -> None:
         assert job.started_at is not None and job.ended_at is not None
         result_ttl = job.get_result_ttl(self.default_result_ttl)
-        self.increment_successful_job_count(pipeline=pipe)
-        self.increment_total_working_time(job.ended_at - job.started_at, pipe)
-        ended: dict[FieldT, EncodableT] = {
-            "status": JobStatus.FINISHED,
-            "ended_at": utcformat(job.ended_at),
-        }
-        pipe.hset(job.key, mapping=ended)
-        Result.create(
-            job,
-            Result.Type.SUCCESSFUL,
-            return_value=result,
-            ttl=result_ttl,
-            worker_name=self.name,
-            pipeline=pipe,
-            execution_id=execution.id,
-            execution_started_at=execution.created_at,
-            execution_ended_at=job.ended_at,
-        )
-        job.finished_job_registry.add(job, result_ttl, pipe)
-        pipe.expire(job.key, result_ttl)
-        execution.delete(job=job, pipeline=pipe)
+        with self.connection.pipeline() as pipe:
+            self.increment_successful_job_count(pipeline=pipe)
+            self.increment_total_working_time(job.ended_at - job.started_at, pipe)
+            ended: dict[FieldT, EncodableT] = {
+                "status": JobStatus.FINISHED,
+                "ended_at": utcformat(job.ended_at),
+            }
+            pipe.hset(job.key, mapping=ended)
+            Result.create(
+                job,
+                Result.Type.SUCCESSFUL,
+                return_value=job._result,
+                ttl=result_ttl,
+                worker_name=self.name,
+                pipeline=pipe,
+                execution_id=execution.id,
+                execution_started_at=execution.created_at,
+                execution_ended_at=job.ended_at,
+            )
+            job.finished_job_registry.add(job, result_ttl, pipe)
+            pipe.expire(job.key, result_ttl)
+            self.cleanup_execution(job, pipeline=pipe, execution=execution)
+            pipe.execute()
 
     def handle_job_failure(self, *args: Any, **kwargs: Any) -> None:
         _until_redis_answers(
@@ -427,10 +370,6 @@ class ConcurrentWorker(SimpleWorker):
     def teardown(self) -> None:
         self._job_threads.join()
         super().teardown()
-
-
-def _text(key: str | bytes) -> str:
-    return key.decode() if isinstance(key, bytes) else key
 
 
 def _until_redis_answers(bookkeeping: Callable[[], None]) -> None:
@@ -459,7 +398,7 @@ def build_worker(
     model: str,
     concurrency: int = 1,
     on_stop_requested: Callable[[], None] = lambda: None,
-    records: RqRecords | None = None,
+    start_signal: StartSignal | None = None,
 ) -> ConcurrentWorker:
     return ConcurrentWorker(
         worker_queues(connection, model),
@@ -470,5 +409,5 @@ def build_worker(
         log_job_description=False,  # RQ would log the call string, prompt included, at INFO
         concurrency=concurrency,
         on_stop_requested=on_stop_requested,
-        records=records or RqRecords(),
+        start_signal=start_signal or StartSignal(),
     )

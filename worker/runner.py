@@ -18,7 +18,8 @@ from __future__ import annotations
 
 import logging
 import time
-from typing import Any, Protocol
+from collections.abc import Callable
+from typing import Any
 
 from redis.exceptions import RedisError
 
@@ -55,29 +56,6 @@ GIL, and the batcher, woken for the job, waited it out before the job's first st
 of its first token at 64 streams; bench/README.md, "Seventh pass")."""
 
 
-class RqRecords(Protocol):
-    """What a job's thread tells its worker of RQ's records of the job (`rq_worker`)."""
-
-    def started(self) -> None: ...
-
-    def success_writes(self, result: dict[str, str]) -> scripts.Writes | None: ...
-
-    def success_written(self) -> None: ...
-
-
-class _NoRqRecords:
-    """No RQ records: the job function runs outside an RQ worker."""
-
-    def started(self) -> None:
-        pass
-
-    def success_writes(self, result: dict[str, str]) -> scripts.Writes | None:
-        return None
-
-    def success_written(self) -> None:
-        pass
-
-
 class _GivenBack(Exception):
     """The job ran here but is still queued on the primary, and went back to its queue."""
 
@@ -95,13 +73,13 @@ class JobRunner:
         active: ActiveJobs,
         guard: FailoverGuard,
         plane_scripts: SyncScripts | None = None,
-        rq_records: RqRecords | None = None,
+        on_started: Callable[[], None] = lambda: None,
     ) -> None:
         """`plane_scripts` run on the token plane's own Redis (None: `redis_scripts`' is it);
-        `rq_records` is told, on the job's thread, once the job started and is in the batch,
-        and gives RQ's record of its success for FINISH to make (`rq_worker.RqRecords`)."""
+        `on_started` runs on the job's thread once the job started and is in the batch (RQ's
+        record of the start: `StartSignal.started`)."""
         self._engine = engine
-        self._rq_records = rq_records or _NoRqRecords()
+        self._on_started = on_started
         self._batcher = batcher
         self._scripts = redis_scripts
         self._plane_scripts = plane_scripts or redis_scripts
@@ -195,7 +173,7 @@ class JobRunner:
             self._batcher.submit(job)
             job_log = None  # the batcher's until the job leaves the batch
             job.taken.wait(_TAKE_WAIT_S)
-            self._rq_records.started()
+            self._on_started()
             self._wait(job)
             job_log = job.log
             if job.error is not None:
@@ -268,8 +246,7 @@ class JobRunner:
         if job.finish_reason is None and reason is not None:
             status, error = _STOPPED[reason]
             fields |= error_fields(error)
-            writes = None if status == JobStatus.FAILED else self._success_writes(status)
-            if not self._finish(job.job_id, job.log, status, fields, error, writes):
+            if not self._finish(job.job_id, job.log, status, fields, error):
                 raise WorkerLost(WorkerLost.LEASE_EXPIRED_MESSAGE)
             if status == JobStatus.FAILED:
                 raise WorkerLost(error.message)
@@ -282,14 +259,9 @@ class JobRunner:
         )
         done = Done(finish_reason=finish_reason, usage=usage)
         fields[JobField.FINISH_REASON] = finish_reason
-        writes = self._success_writes(JobStatus.SUCCEEDED)
-        if not self._finish(job.job_id, job.log, JobStatus.SUCCEEDED, fields, done, writes):
+        if not self._finish(job.job_id, job.log, JobStatus.SUCCEEDED, fields, done):
             raise WorkerLost(WorkerLost.LEASE_EXPIRED_MESSAGE)
         return JobStatus.SUCCEEDED
-
-    def _success_writes(self, status: JobStatus) -> scripts.Writes | None:
-        """RQ's record of the job's success, `generate` returning `status`, for FINISH."""
-        return self._rq_records.success_writes({"status": status})
 
     def _fail(self, job_id: str, job_log: JobLog | None, exc: TokenrelayError) -> None:
         error = Error(error_type=exc.error_type, message=exc.message)
@@ -302,14 +274,12 @@ class JobRunner:
         status: JobStatus,
         fields: dict[str, scripts.Arg],
         event: Done | Error,
-        writes: scripts.Writes | None = None,
     ) -> bool:
         """Send what the job's log lacks, and FINISH, until Redis took both or the lease ran
         out (then the reaper ends the job): where one Redis holds both planes, FINISH carries
         those events itself (so a job's last chunk needs no EMIT call of its own); else EMIT
         sends them first. Without a log (the batcher may still hold it, after RQ's job
-        timeout) FINISH alone, unchecked. FINISH makes `writes` where it ends the job. True
-        if this call ended the job."""
+        timeout) FINISH alone, unchecked. True if this call ended the job."""
         final_seq, text = (-1, None) if job_log is None else (job_log.next_seq, job_log.text)
         carried = self._settings.token_plane_shared
         wire = event.to_wire()
@@ -319,10 +289,10 @@ class JobRunner:
 
         def finish_call() -> scripts.ScriptCall:
             if not carried:
-                return scripts.finish(self._settings, job_id, status, fields, "", writes=writes)
+                return scripts.finish(self._settings, job_id, status, fields, "")
             unsent = [] if job_log is None else job_log.unacked()
             return scripts.finish(
-                self._settings, job_id, status, fields, wire, final_seq, text, unsent, writes
+                self._settings, job_id, status, fields, wire, final_seq, text, unsent
             )
 
         backoff = Backoff()
@@ -339,8 +309,6 @@ class JobRunner:
                     elif outcome == scripts.FINISH_QUEUED:
                         self._give_back(job_id)
                     if holds and outcome != scripts.FINISH_BEHIND:
-                        if outcome == 1 and writes is not None:
-                            self._rq_records.success_written()
                         return bool(outcome == 1)
                     if job_log is not None:
                         job_log.resend_all()

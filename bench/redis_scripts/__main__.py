@@ -6,13 +6,9 @@ an embedded Redis (no API, no worker; the jobs name a reader, as chat and comple
 do, so their events go on its channel, which nobody reads here), and prints what Redis spent
 inside each call next to the commands the script ran: the floor of tokenrelay's own per-job
 Redis work, which `bench.gateway` measures end to end on a loaded box (where preemption
-inflates it), against the per-token EMIT. FINISH runs twice over, for two sets of jobs
-enqueued and started in RQ: making RQ's record of the job's success itself (as a worker's
-FINISH does), and without it, followed by that record in a transaction of its own (as
-before).
+inflates it), against the per-token EMIT.
 
-- time: the `usec` delta of EVALSHA and EXEC in `INFO commandstats`, each call measured
-  alone;
+- time: EVALSHA's `usec` delta in `INFO commandstats`, each call measured alone;
 - `--callgrind`: Redis runs under valgrind's callgrind, and the table gives its
   instructions per call (the whole server's, the reading of the request and the writing of
   the reply included), which the machine's load does not move.
@@ -23,23 +19,18 @@ before).
 from __future__ import annotations
 
 import argparse
-from collections.abc import Callable
 from dataclasses import dataclass
-from functools import partial
 
 import redis
-from rq.utils import now
 
 from bench.callgrind import CallgrindRedis
 from tokenrelay.cli.embedded_redis import EmbeddedRedis
 from tokenrelay.shared import keys, scripts
 from tokenrelay.shared.events import Done, Started, TokenChunk, Usage
 from tokenrelay.shared.jobs import JobField, JobStatus
-from tokenrelay.shared.rq_jobs import GENERATE_FUNCTION, generation_queue
 from tokenrelay.shared.script_runner import SyncScripts
-from tokenrelay.shared.scripts import ScriptCall, Writes
+from tokenrelay.shared.scripts import ScriptCall
 from tokenrelay.shared.settings import Settings
-from tokenrelay.worker.rq_worker import build_worker
 
 _READER = "bench-api-process"
 
@@ -49,12 +40,8 @@ def _commands(client: redis.Redis) -> int:
     return sum(int(v["calls"]) for name, v in stats.items() if name != "cmdstat_info")
 
 
-def _top_level_usec(client: redis.Redis) -> int:
-    """µs inside EVALSHA and EXEC (each includes the commands it runs)."""
-    stats = client.info("commandstats")
-    return sum(
-        int(stats.get(f"cmdstat_{name}", {"usec": 0})["usec"]) for name in ("evalsha", "exec")
-    )
+def _evalsha_usec(client: redis.Redis) -> int:
+    return int(client.info("commandstats").get("cmdstat_evalsha", {"usec": 0})["usec"])
 
 
 @dataclass
@@ -65,57 +52,30 @@ class Row:
 
 
 class Meter:
-    """Runs each phase's actions (a script call, or a call and a transaction) and what they
-    cost Redis: µs inside EVALSHA and EXEC, action by action, or (with `server`) the
-    instructions of them all."""
+    """Runs each script's calls and what they cost Redis: µs inside EVALSHA, call by call,
+    or (with `server`) the instructions of them all."""
 
     def __init__(self, client: redis.Redis, server: CallgrindRedis | None) -> None:
-        self.client = client
-        self.runner = SyncScripts(client)
+        self._client = client
+        self._runner = SyncScripts(client)
         self._server = server
         self.rows: list[Row] = []
 
     def phase(self, script: str, calls: list[ScriptCall]) -> None:
-        self.actions(script, [partial(self.runner.run, call) for call in calls])
-
-    def actions(self, name: str, actions: list[Callable[[], object]]) -> None:
-        commands = _commands(self.client)
+        commands = _commands(self._client)
         cost = 0.0
         if self._server is not None:
             self._server.zero()
-            for action in actions:
-                action()
+            for call in calls:
+                self._runner.run(call)
             cost = float(self._server.instructions())
         else:
-            for action in actions:
-                before = _top_level_usec(self.client)
-                action()
-                cost += _top_level_usec(self.client) - before
-        spent = _commands(self.client) - commands
-        self.rows.append(Row(name, cost / len(actions), spent / len(actions)))
-
-
-def rq_records(client: redis.Redis, ids: list[str]) -> dict[str, Writes]:
-    """RQ's record of each job's success, as a worker makes it: each job enqueued in RQ and
-    its start recorded there first."""
-    connection = redis.Redis(port=client.connection_pool.connection_kwargs["port"])
-    queue = generation_queue(connection, "m", "normal")
-    worker = build_worker(connection, "bench-worker", {}, model="m")
-    records = {}
-    for job_id in ids:
-        job = queue.enqueue_call(GENERATE_FUNCTION, kwargs={}, job_id=job_id)
-        job.started_at = now()
-        records[job_id] = worker.success_writes(
-            job, worker.record_start(job), {"status": "succeeded"}
-        )
-    return records
-
-
-def _transaction(client: redis.Redis, writes: Writes) -> None:
-    with client.pipeline() as pipe:
-        for name, key, args in writes.commands:
-            pipe.execute_command(name, key, *args)
-        pipe.execute()
+            for call in calls:
+                before = _evalsha_usec(self._client)
+                self._runner.run(call)
+                cost += _evalsha_usec(self._client) - before
+        spent = _commands(self._client) - commands
+        self.rows.append(Row(script, cost / len(calls), spent / len(calls)))
 
 
 def run_jobs(meter: Meter, settings: Settings, prefix: str, jobs: int, tokens: int) -> None:
@@ -141,28 +101,15 @@ def run_jobs(meter: Meter, settings: Settings, prefix: str, jobs: int, tokens: i
         ],
     )
     text, status = "tok " * tokens, JobStatus.SUCCEEDED
-    records = rq_records(meter.client, ids)
-
-    def finish(i: str, writes: Writes | None) -> ScriptCall:
-        carried = [(i, tokens, token)]
-        return scripts.finish(settings, i, status, fields, done, tokens + 1, text, carried, writes)
-
-    half = ids[: len(ids) // 2]
     meter.phase(
-        "FINISH (carrying 1 event), RQ's record in it", [finish(i, records[i]) for i in half]
-    )
-    meter.actions(
-        "FINISH (carrying 1 event), then RQ's record in a transaction",
+        "FINISH (carrying 1 event)",
         [
-            partial(_finish_then_record, meter, finish(i, None), records[i])
-            for i in ids[len(half) :]
+            scripts.finish(
+                settings, i, status, fields, done, tokens + 1, text, [(i, tokens, token)]
+            )
+            for i in ids
         ],
     )
-
-
-def _finish_then_record(meter: Meter, finish: ScriptCall, record: Writes) -> None:
-    meter.runner.run(finish)
-    _transaction(meter.client, record)
 
 
 def main() -> int:
@@ -180,18 +127,16 @@ def main() -> int:
         meter = Meter(client, counted)
         run_jobs(meter, settings, "job", args.jobs, args.tokens)
         client.close()
-    unit = "instructions" if args.callgrind else "µs inside EVALSHA and EXEC"
+    unit = "instructions" if args.callgrind else "µs inside EVALSHA"
     print(f"{args.jobs} jobs of {args.tokens} tokens, script by script\n")
     print(f"| script | Redis {unit} per call | commands per call (EVALSHA + its own) |")
     print("|---|---|---|")
     for row in meter.rows:
         cost = f"{row.cost_per_call:,.0f}" if args.callgrind else f"{row.cost_per_call:.1f}"
         print(f"| {row.script} | {cost} | {row.commands_per_call:.1f} |")
-    per_job = sum(row.cost_per_call for row in meter.rows[:2])
-    for row in meter.rows[3:]:
-        job_cost = per_job + row.cost_per_call
-        total = f"{job_cost:,.0f}" if args.callgrind else f"{job_cost:.1f}"
-        print(f"\nADMIT + START + {row.script}: {total} {unit} per job")
+    per_job = sum(row.cost_per_call for row in meter.rows if not row.script.startswith("EMIT"))
+    total = f"{per_job:,.0f}" if args.callgrind else f"{per_job:.1f}"
+    print(f"\nADMIT + START + FINISH: {total} {unit} per job")
     return 0
 
 

@@ -3,18 +3,13 @@
 -- ARGV[11] final event (JSON without seq), ARGV[12] the seq the final event must get
 -- (-1: any; the job's worker passes its count of events, so a log that lost some of them is
 -- never closed), ARGV[13] '1' when ARGV[14] is the job's whole text, stored when this call
--- ends it (EMIT writes none: its worker holds it), else '0'; ARGV[15] the number m of
--- arguments of the writes this call makes where it returns 1 (`scripts.Writes`, RQ's record
--- of the job's success; 0: none): ARGV[16] and ARGV[17] a field of KEYS[2]'s hash and the
--- value it holds once the writes were made (a resend after a lost reply makes none), then
--- per command its name, the number of its arguments after its key and those arguments,
--- KEYS[3..] the commands' keys in order; ARGV[16 + m..] the events its worker has not had
--- applied yet, pairs of seq and event (JSON without seq): appended first, each only at the
--- log's next seq, as EMIT would (a resend is skipped, a gap refused), and published where
--- the job's other events are (its reader's channel, all in one message, else its own), so a
--- job's last chunk needs no EMIT call of its own (the token plane on this Redis only).
--- Returns 1 if this call ended the job (or a resend of it finds the job ended so: that
--- status, its final event at that seq), with its writes made, 0 if it was already terminal
+-- ends it (EMIT writes none: its worker holds it), else '0'; ARGV[15..] the events its
+-- worker has not had applied yet, pairs of seq and event (JSON without seq): appended first,
+-- each only at the log's next seq, as EMIT would (a resend is skipped, a gap refused), and
+-- published where the job's other events are (its reader's channel, all in one message, else
+-- its own), so a job's last chunk needs no EMIT call of its own (the token
+-- plane on this Redis only). Returns 1 if this call ended the job (or a resend of it finds
+-- the job ended so: that status, its final event at that seq), 0 if it was already terminal
 -- otherwise or is unknown, -1 if the job still runs and its log lacks events below that seq.
 -- On a token plane of its own the worker closes the job's log and stores its text there
 -- first (CLOSE, which checks the seq): it passes -1, no text, no events and an empty final
@@ -23,15 +18,13 @@
 -- and returns -2: its worker started it on an old primary, whose writes a failover
 -- discarded; it gives the job back.
 
-local writes_end = 15 + tonumber(ARGV[15])  -- the writes' last ARGV
-
 -- Append the carried events from the log's next seq `seq` on and publish them where the
 -- job's `reader` (false: none) listens; returns the seq after them, or nil when the first one
 -- not yet logged is past `seq` (the log lost events before it).
 local function append_carried(id, seq, reader)
   local log, lines = key(T_LOG, id), {}
   local channel = not reader and key(T_CHAN, id) or nil  -- else batched into `lines`
-  for i = writes_end + 1, #ARGV, 2 do
+  for i = 15, #ARGV, 2 do
     local event_seq = tonumber(ARGV[i])
     if event_seq > seq then
       return nil
@@ -50,20 +43,6 @@ local function append_carried(id, seq, reader)
   return seq
 end
 
--- Make the writes, unless there are none or their guard says they were made; returns 1.
-local function ended()
-  if writes_end > 15 and redis.call('HGET', KEYS[2], ARGV[16]) ~= ARGV[17] then
-    local i, k = 18, 2
-    while i <= writes_end do
-      local n = tonumber(ARGV[i + 1])
-      k = k + 1
-      redis.call(ARGV[i], KEYS[k], unpack(ARGV, i + 2, i + 1 + n))
-      i = i + 2 + n
-    end
-  end
-  return 1
-end
-
 local id, status, expected = ARGV[8], ARGV[9], tonumber(ARGV[12])
 local reads = finish_reads(id)
 local current, seq = reads[1], nil
@@ -79,15 +58,13 @@ if expected >= 0 then
     end
   end
   if current == status and seq == expected + 1 then
-    return ended()
+    return 1
   end
 elseif ARGV[11] == '' and current == status then
-  return ended()
+  return 1
 end
-if not finish(id, status, cjson.decode(ARGV[10]), ARGV[11], reads, seq) then
-  return 0
-end
-if ARGV[13] == '1' then
+local done = finish(id, status, cjson.decode(ARGV[10]), ARGV[11], reads, seq)
+if done and ARGV[13] == '1' then
   redis.call('SET', key(T_TEXT, id), ARGV[14], 'EX', RESULT_TTL)
 end
-return ended()
+return done and 1 or 0
