@@ -30,7 +30,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, SecretStr, TypeAdapter, ValidationError
 
-from tokenrelay.shared.rq_jobs import Priority
+from tokenrelay.shared.redis.rq_jobs import Priority
 from tokenrelay.shared.settings import Settings
 
 log = logging.getLogger(__name__)
@@ -103,7 +103,7 @@ class KeyRing:
         if policies and settings.owner_id_secret is None:
             log.warning(
                 "TOKENRELAY_OWNER_ID_SECRET is not set: owner ids are an unkeyed hash of each "
-                "key's SHA-256; set a secret (see the README's Security section)"
+                "key's SHA-256; set a secret (docs/operations/security.md)"
             )
         return cls(policies)
 

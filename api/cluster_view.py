@@ -3,7 +3,7 @@ workers, recent jobs, rejections) and the gauges of a `/metrics` scrape.
 
 Everything is read from Redis (the lease set, RQ's queues and worker registry, the workers'
 own registrations, the job hashes), so every API process gives the same answer. Only
-tokenrelay's RQ queues (`shared.rq_jobs.queue_model`) and the RQ workers that listen on
+tokenrelay's RQ queues (`shared.redis.rq_jobs.queue_model`) and the RQ workers that listen on
 them count: other applications may share the Redis. Nothing here carries prompt or
 generated text: recent jobs are listed by id, status, token counts and timings only.
 """
@@ -25,12 +25,13 @@ from rq.serializers import JSONSerializer
 from rq.worker import BaseWorker
 
 from tokenrelay.api.state import AppState
-from tokenrelay.shared import keys, redis_connect
 from tokenrelay.shared.jobs import JobField, JobStatus
-from tokenrelay.shared.rq_jobs import queue_model
+from tokenrelay.shared.redis import connect as redis_connect
+from tokenrelay.shared.redis import keys
+from tokenrelay.shared.redis.rq_jobs import queue_model
 
 GAUGE_TIMEOUT_S = 1.0  # per gauge of a scrape (three in all)
-# What a worker's registration holds (shared/lua/register_worker.lua writes it). The app's
+# What a worker's registration holds (shared/redis/lua/register_worker.lua writes it). The app's
 # Redis client decodes replies: keys and values read here are `str`.
 _REGISTRATION_FIELDS = ("model", "capacity")
 
@@ -217,7 +218,7 @@ async def _worker_models(client: redis.asyncio.Redis) -> dict[str, str]:
 async def _registrations(
     client: redis.asyncio.Redis, names: list[str]
 ) -> dict[str, dict[str, str | None]]:
-    """Each worker's own registration (`shared.keys.worker`): model and capacity."""
+    """Each worker's own registration (`shared.redis.keys.worker`): model and capacity."""
     async with client.pipeline(transaction=False) as pipe:
         for name in names:
             pipe.hmget(keys.worker(name), _REGISTRATION_FIELDS)

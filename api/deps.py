@@ -9,7 +9,7 @@ from fastapi import Depends, Header, Request
 
 from tokenrelay.api.state import AppState
 from tokenrelay.shared.errors import Forbidden, Unauthorized
-from tokenrelay.shared.rq_jobs import Priority
+from tokenrelay.shared.redis.rq_jobs import Priority
 
 ANONYMOUS = "anonymous"
 

@@ -17,7 +17,7 @@ from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import RedisError
 from starlette.exceptions import HTTPException
 
-from tokenrelay.api.field_support import unknown_field_message
+from tokenrelay.api.openai.field_support import unknown_field_message
 from tokenrelay.shared.errors import (
     InvalidRequest,
     NotFound,

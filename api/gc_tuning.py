@@ -1,8 +1,8 @@
 """The garbage collector of a `tokenrelay api` process, tuned for many long streams.
 
-Relaying 1,000 streams, CPython's default thresholds (700, 10, 10) added up to ~100 ms to
-the inter-token delay at p99, and these settings took it to ~7 ms, with less CPU per token
-(bench/README, "Relay-only"): a relay's garbage is nearly all freed by reference counting,
+Relaying many streams, CPython's default thresholds (700, 10, 10) added tens of milliseconds
+to the inter-token delay at p99, and these settings take most of it away, with less CPU per
+token (docs/benchmarks/gateway.md): a relay's garbage is nearly all freed by reference counting,
 while each collection walks the objects of every open stream. What is alive once the app is
 built (modules, the app) is frozen out of the collections, and the youngest generation is
 collected every `YOUNG_THRESHOLD` allocations instead of 700.

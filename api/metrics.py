@@ -17,7 +17,7 @@ Names follow vLLM and TGI, prefixed `tokenrelay_`:
     tokenrelay_redis_up                            1 if this scrape read Redis on its primary
 
 Counters and histograms live in the process that served the request (the request log counts
-requests, `api.stream_observer` the tokens and latencies). With several uvicorn workers,
+requests, `api.streaming.observer` the tokens and latencies). With several uvicorn workers,
 `tokenrelay api` points `PROMETHEUS_MULTIPROC_DIR` at a fresh directory before any of them
 imports prometheus-client: each process then writes its values to files there, and a scrape
 of any process merges all of them. The cluster gauges are not kept in processes at all:

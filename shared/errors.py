@@ -22,7 +22,7 @@
 
 Each class has a stable snake_case `error_type`, used alike in JSON error bodies, SSE error
 events and job records, and an HTTP status in `status_code`. The messages the Lua scripts end
-jobs with are class constants here too (`*_MESSAGE`); `shared.scripts` passes them in.
+jobs with are class constants here too (`*_MESSAGE`); `shared.redis.scripts` passes them in.
 """
 
 from __future__ import annotations

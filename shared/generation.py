@@ -58,7 +58,7 @@ class GenerationRequest(BaseModel):
     `min_tokens` tokens were generated (vLLM's extension of the OpenAI API), and always with
     `ignore_eos`. `top_k` `None` takes the model's default, 0 disables it. The penalties,
     `logit_bias` (token id -> bias) and `stop_token_ids` are applied per sequence as vLLM
-    applies them (`worker.logits_processor`).
+    applies them (`worker.engines.logits_processor`).
     """
 
     model_config = ConfigDict(frozen=True)

@@ -24,11 +24,11 @@ class JobStatus(StrEnum):
 
 
 class JobField(StrEnum):
-    """The field names of a job's Redis hash (`shared.keys.job`), spelled here only.
+    """The field names of a job's Redis hash (`shared.redis.keys.job`), spelled here only.
 
     A StrEnum rather than a class of constants: members are `str`, so they go straight into
     redis-py calls and dict lookups, and the enum can be iterated; the names the Lua scripts
-    use are compiled into them from here (`shared.scripts.library_bindings`)."""
+    use are compiled into them from here (`shared.redis.scripts.library_bindings`)."""
 
     STATUS = "status"
     OWNER = "owner"
@@ -79,7 +79,7 @@ class JobRecord(BaseModel):
 
     @classmethod
     def from_redis(cls, job_id: str, fields: dict[str, str], text: str) -> JobRecord:
-        """Build the record from the job hash (`shared.keys.job`) and its text."""
+        """Build the record from the job hash (`shared.redis.keys.job`) and its text."""
         prompt = fields.get(JobField.PROMPT_TOKENS)
         completion = fields.get(JobField.COMPLETION_TOKENS)
         usage = None

@@ -1,6 +1,6 @@
 """Settings shared by the API and the worker, read from `TOKENRELAY_*` environment variables.
 
-Every field here has a row in the README's settings table.
+Every field here has a row in the one settings table, docs/operations/settings.md.
 """
 
 from __future__ import annotations

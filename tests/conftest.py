@@ -1,4 +1,12 @@
-"""Fixtures: a real Redis server per test session (flushed per test), settings, clients."""
+"""Fixtures: a real Redis server per test session (flushed per test), settings, clients, the
+tiny model, clusters of real processes; and each test's cost marker, from its folder.
+
+Tests live in folders by what they start, and the folder is the marker (never written by
+hand): `unit` (no process, no Redis), `integration` (a real Redis, an in-process app or
+engine), `e2e` (spawned API and worker processes, sentinels, clusters, browsers), `lint`
+(the static checks: ruff, mypy, import contracts, the docs build) and `deploy` (the
+deployment files, through offline validators). `pytest -m "not e2e"` is the fast lane.
+"""
 
 from __future__ import annotations
 
@@ -11,10 +19,22 @@ import pytest
 import redis
 import redis.asyncio
 
-from tests.cluster import Cluster, ClusterFactory, running_cluster
-from tests.webhook_receiver import Receiver
+from tests.support.cluster import Cluster, ClusterFactory, running_cluster
+from tests.support.webhook_receiver import Receiver
 from tokenrelay.cli.embedded_redis import EmbeddedRedis
 from tokenrelay.shared.settings import Settings
+
+TESTS = Path(__file__).resolve().parent
+COST_FOLDERS = ("unit", "integration", "e2e", "lint", "deploy")
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Mark each test with its folder's cost; a test outside those folders is an error."""
+    for item in items:
+        folder = item.path.relative_to(TESTS).parts[0]
+        if folder not in COST_FOLDERS:
+            raise pytest.UsageError(f"{item.nodeid}: tests live in one of {COST_FOLDERS}")
+        item.add_marker(folder)
 
 
 @pytest.fixture(scope="session")
@@ -52,7 +72,7 @@ async def async_redis(redis_url: str) -> AsyncIterator[redis.asyncio.Redis]:
 
 @pytest.fixture(scope="session")
 def tiny_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    from tokenrelay.worker.tiny_model import build_tiny_model
+    from tokenrelay.worker.devmodels.tiny import build_tiny_model
 
     return build_tiny_model(tmp_path_factory.mktemp("tiny-model"))
 
@@ -85,7 +105,7 @@ def make_module_cluster(
 
 @pytest.fixture
 def receiver() -> Iterator[Receiver]:
-    """A local webhook receiver (`tests.webhook_receiver.Receiver`)."""
+    """A local webhook receiver (`tests.support.webhook_receiver.Receiver`)."""
     server = Receiver()
     yield server
     server.close()

@@ -18,8 +18,11 @@ different step).
 The engine is built on the batcher's thread, the only thread that runs it: torch's OpenMP
 threads then form one pool. Built on another thread (the main one) and stepped here, the
 process holds two pools, more OpenMP threads than cores, and libgomp then sleeps at the end
-of every parallel region instead of spinning: a lone 0.5B decode step took 1.1-1.5x as long
-(bench/README.md, "The worker's OpenMP pools").
+of every parallel region instead of spinning, and a lone decode step slows down
+(docs/benchmarks/worker-throughput.md).
+
+HOT PATH (docs/architecture.md, "The per-token path"): measure with
+`python -m bench.worker_throughput` before and after changing it.
 """
 
 from __future__ import annotations
@@ -34,17 +37,18 @@ from dataclasses import dataclass, field
 from typing import Literal
 
 from tokenrelay.shared.events import TokenChunk, TokenLogprob, TopLogprob
-from tokenrelay.shared.script_runner import SyncScripts
+from tokenrelay.shared.redis.scripts import SyncScripts
 from tokenrelay.shared.settings import Settings
 from tokenrelay.worker.active_jobs import ActiveJobs
-from tokenrelay.worker.delivery import Backoff, Courier, JobLog
-from tokenrelay.worker.engine import (
+from tokenrelay.worker.delivery import Courier, JobLog
+from tokenrelay.worker.engines.protocol import (
     Engine,
     IncrementalDecoder,
     Logprob,
     SamplingParams,
     TokenOutput,
 )
+from tokenrelay.worker.retry import Backoff
 from tokenrelay.worker.stop_strings import StopStringMatcher
 
 log = logging.getLogger(__name__)

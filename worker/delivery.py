@@ -6,25 +6,27 @@ seq 0 is START's `Started`, then 1, 2, ... A `JobLog` keeps every event of its j
 not: Redis with `appendfsync everysec` can come back from a crash without its last second of
 writes, so an acknowledged event may have to be sent again. EMIT applies only a job's next
 seq (a resend is a no-op; a gap is refused with the seq to resume from), and the worker's
-FINISH ends the job only when its log holds every event (`shared/lua/emit.lua`, `finish.lua`);
+FINISH ends the job only when its log holds every event (`shared/redis/lua/emit.lua`, `finish.lua`);
 where one Redis holds both planes, FINISH carries the job's unsent events (its last chunk)
 and applies them the same way.
 
 `Courier` sends the unacknowledged events of many jobs in one EMIT call, on the token plane's
-Redis (on a Redis Cluster one call per job: a script's keys must share a slot); `Backoff`
-spaces the tries after a Redis error.
+Redis (on a Redis Cluster one call per job: a script's keys must share a slot); a failed call
+is tried again after `worker.retry.Backoff`'s wait.
+
+HOT PATH (docs/architecture.md, "The per-token path"): measure with
+`python -m bench.worker_throughput` before and after changing it.
 """
 
 from __future__ import annotations
 
 import logging
-import time
 from dataclasses import dataclass, field
 
 from redis.exceptions import RedisError
 
-from tokenrelay.shared import scripts
-from tokenrelay.shared.script_runner import SyncScripts
+from tokenrelay.shared.redis import plane_scripts
+from tokenrelay.shared.redis.scripts import SyncScripts
 from tokenrelay.shared.settings import Settings
 from tokenrelay.worker.active_jobs import ActiveJobs, StopReason
 
@@ -39,7 +41,7 @@ class JobLog:
     """One running job's events from `FIRST_SEQ` on; Redis holds every seq below `acked`."""
 
     job_id: str
-    #: Where its token events go, if not on its own channel (`scripts.reader_channel`).
+    #: Where its token events go, if not on its own channel (`plane_scripts.reader_channel`).
     reader_channel: str | None = None
     events: list[tuple[str, str]] = field(default_factory=list)
     acked: int = FIRST_SEQ
@@ -61,7 +63,7 @@ class JobLog:
         """The job's text: every event's, in order (FINISH stores it)."""
         return "".join(text for _, text in self.events)
 
-    def unacked(self) -> list[scripts.EmitItem]:
+    def unacked(self) -> list[plane_scripts.EmitItem]:
         return [
             (self.job_id, seq, self.events[seq - FIRST_SEQ][0])
             for seq in range(self.acked, self.next_seq)
@@ -70,31 +72,6 @@ class JobLog:
     def resend_all(self) -> None:
         """Redis lost some acknowledged events: send them all again (EMIT skips the rest)."""
         self.acked = FIRST_SEQ
-
-
-class Backoff:
-    """Bounded exponential backoff between tries after Redis errors."""
-
-    def __init__(self, first_s: float = 0.05, max_s: float = 1.0) -> None:
-        self._first_s = first_s
-        self._max_s = max_s
-        self._delay_s = 0.0
-        self._next_try = float("-inf")
-
-    def ready(self) -> bool:
-        return time.monotonic() >= self._next_try
-
-    def wait_s(self) -> float:
-        """Seconds until the next try is due (0 when it is)."""
-        return max(0.0, self._next_try - time.monotonic())
-
-    def failed(self) -> None:
-        self._delay_s = min(self._max_s, max(self._first_s, self._delay_s * 2))
-        self._next_try = time.monotonic() + self._delay_s
-
-    def succeeded(self) -> None:
-        self._delay_s = 0.0
-        self._next_try = float("-inf")
 
 
 class Courier:
@@ -117,11 +94,11 @@ class Courier:
         if not any(batches):
             return True
         channels = {log.job_id: log.reader_channel for log in logs if log.reader_channel}
-        replies: list[scripts.EmitReply] = []
+        replies: list[plane_scripts.EmitReply] = []
         try:
             for items in batches:
-                reply = self._scripts.run(scripts.emit(self._settings, items, channels))
-                replies.append(scripts.parse_emit(reply))
+                reply = self._scripts.run(plane_scripts.emit(self._settings, items, channels))
+                replies.append(plane_scripts.parse_emit(reply))
         except RedisError as exc:
             count = sum(len(items) for items in batches)
             log.warning("could not send %d events, will retry: %s", count, exc)

@@ -25,8 +25,8 @@ from typing import TypeVar
 
 import redis
 
-from tokenrelay.shared import keys, rq_jobs
-from tokenrelay.shared.redis_connect import Address
+from tokenrelay.shared.redis import keys, rq_jobs
+from tokenrelay.shared.redis.connect import Address
 from tokenrelay.shared.settings import Settings
 
 REPLICA_WAIT_MS = 1000

@@ -1,11 +1,10 @@
 """RQ's job timeouts on one watchdog thread for the whole worker.
 
-RQ's `TimerDeathPenalty` starts a `threading.Timer`, a thread, for every job: on a loaded
-2-core box that start took ~0.6 ms of each job's way to its first token (bench/README.md,
-"Seventh pass"). Here every running job's deadline waits on one daemon thread, which raises
-the job's timeout exception in the job's thread when it passes, as RQ's timer does
-(`PyThreadState_SetAsyncExc`: the exception is raised at the thread's next bytecode).
-"""
+RQ's `TimerDeathPenalty` starts a `threading.Timer`, a thread, for every job: on a loaded 2-core box
+that start is a measurable share of each job's way to its first token (docs/benchmarks/gateway.md).
+Here every running job's deadline waits on one daemon thread, which raises the job's timeout
+exception in the job's thread when it passes, as RQ's timer does (`PyThreadState_SetAsyncExc`: the
+exception is raised at the thread's next bytecode)."""
 
 from __future__ import annotations
 

@@ -1,7 +1,7 @@
 """Background duties of a worker process, on two daemon threads.
 
 - Register the worker (model, capacity, heartbeat) so `/v1/models` lists its model, and
-  publish the model's limits and tokenizer for admission checks (`shared.model_limits`).
+  publish the model's limits and tokenizer for admission checks (`shared.redis.model_limits`).
 - Renew the leases of the jobs it runs, all in one round trip, every third of the lease
   TTL, stop the cancelled ones among them (a cancel message this process missed between
   pub/sub connections), and run the lease reaper (ending jobs of dead workers and expired
@@ -19,12 +19,12 @@ import time
 
 import redis
 
-from tokenrelay.shared import keys, scripts
-from tokenrelay.shared.model_limits import LimitsPublisher
-from tokenrelay.shared.rq_jobs import fail_lost_jobs
-from tokenrelay.shared.script_runner import SyncScripts
+from tokenrelay.shared.redis import job_scripts, keys
+from tokenrelay.shared.redis.model_limits import LimitsPublisher
+from tokenrelay.shared.redis.rq_jobs import fail_lost_jobs
+from tokenrelay.shared.redis.scripts import SyncScripts
+from tokenrelay.shared.redis.token_plane import drain_outbox_sync
 from tokenrelay.shared.settings import Settings
-from tokenrelay.shared.token_plane import drain_outbox_sync
 from tokenrelay.worker.active_jobs import ActiveJobs, StopReason
 
 log = logging.getLogger(__name__)
@@ -44,11 +44,11 @@ class LeaseKeeper:
         plane_scripts: SyncScripts | None = None,
     ) -> None:
         """`plane_scripts` run on the token plane's own Redis, where it has one: the lease
-        keeper closes there the logs of jobs ended here (`shared.token_plane`)."""
+        keeper closes there the logs of jobs ended here (`shared.redis.token_plane`)."""
         self._settings = settings
         self._client = client
         self._rq_connection = rq_connection
-        self._register = scripts.register_worker(
+        self._register = job_scripts.register_worker(
             settings, worker_name, settings.model_id, settings.worker_concurrency
         )
         self._limits = limits
@@ -83,7 +83,9 @@ class LeaseKeeper:
         job_ids = self._active.ids()
         if job_ids:
             sent_at = time.monotonic()
-            reply = scripts.parse_renew(self._scripts.run(scripts.renew(self._settings, job_ids)))
+            reply = job_scripts.parse_renew(
+                self._scripts.run(job_scripts.renew(self._settings, job_ids))
+            )
             renewed = [job_id for job_id in job_ids if job_id not in reply.lost]
             self._active.lease_renewed(renewed, sent_at, self._settings.lease_ttl_s)
             for job_id in reply.lost:
@@ -92,7 +94,7 @@ class LeaseKeeper:
                 self._active.request_stop(job_id, StopReason.LEASE_LOST)
             for job_id in reply.cancelled:
                 self._active.request_stop(job_id, StopReason.CANCELLED)
-        lost = self._scripts.run(scripts.reap(self._settings))
+        lost = self._scripts.run(job_scripts.reap(self._settings))
         if lost:
             fail_lost_jobs(self._rq_connection, lost, self._settings.result_ttl_s)
         drain_outbox_sync(self._client, self._plane_scripts, self._settings)

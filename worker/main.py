@@ -11,14 +11,16 @@ import uuid
 import redis
 from rq.exceptions import StopRequested
 
-from tokenrelay.shared import redis_connect, redis_version
-from tokenrelay.shared.model_limits import LimitsPublisher
-from tokenrelay.shared.rq_jobs import GENERATE_FUNCTION
-from tokenrelay.shared.script_runner import SyncScripts
+from tokenrelay.shared.redis import connect as redis_connect
+from tokenrelay.shared.redis import server_version as redis_version
+from tokenrelay.shared.redis.model_limits import LimitsPublisher
+from tokenrelay.shared.redis.rq_jobs import GENERATE_FUNCTION
+from tokenrelay.shared.redis.scripts import SyncScripts
 from tokenrelay.shared.settings import DEMO_MODEL_NAME, Settings
 from tokenrelay.worker.active_jobs import ActiveJobs, StopReason
 from tokenrelay.worker.batcher import Batcher
-from tokenrelay.worker.engine import Engine, ModelLoadError
+from tokenrelay.worker.engines.protocol import Engine, ModelLoadError
+from tokenrelay.worker.engines.synthetic_engine import SyntheticEngine
 from tokenrelay.worker.failover_guard import FailoverGuard
 from tokenrelay.worker.lease_keeper import LeaseKeeper
 from tokenrelay.worker.rq_worker import (
@@ -28,7 +30,6 @@ from tokenrelay.worker.rq_worker import (
     build_worker,
 )
 from tokenrelay.worker.runner import JobRunner
-from tokenrelay.worker.synthetic_engine import SyntheticEngine
 
 log = logging.getLogger(__name__)
 
@@ -53,7 +54,7 @@ def build_engine(settings: Settings, arrivals: threading.Event) -> Engine:
             arrivals,
         )
     if settings.engine == "vllm":
-        from tokenrelay.worker.vllm_engine import VllmEngine
+        from tokenrelay.worker.engines.vllm_engine import VllmEngine
 
         return VllmEngine(
             settings.model,
@@ -63,7 +64,7 @@ def build_engine(settings: Settings, arrivals: threading.Event) -> Engine:
             settings.worker_concurrency,
             settings.vllm_cpu_max_model_len,
         )
-    from tokenrelay.worker.transformers_engine import TransformersEngine
+    from tokenrelay.worker.engines.transformers_engine import TransformersEngine
 
     return TransformersEngine(
         settings.model, settings.device, settings.dtype, settings.worker_max_prefill_tokens
@@ -97,7 +98,7 @@ def run_worker(settings: Settings, *, demo: bool = False) -> int:
         print(f"tokenrelay worker: {exc}", file=sys.stderr)
         return EXIT_REDIS_TOO_OLD
     if demo:
-        from tokenrelay.worker.demo_model import ensure_demo_model
+        from tokenrelay.worker.devmodels.demo import ensure_demo_model
 
         settings = settings.model_copy(
             update={

@@ -42,9 +42,9 @@ from rq.timeouts import JobTimeoutException
 from rq.utils import now, utcformat
 from rq.worker import SimpleWorker, WorkerStatus
 
-from tokenrelay.shared.rq_jobs import worker_queues
-from tokenrelay.worker.delivery import Backoff
+from tokenrelay.shared.redis.rq_jobs import worker_queues
 from tokenrelay.worker.job_timeouts import WatchdogDeathPenalty
+from tokenrelay.worker.retry import retry_until
 
 log = logging.getLogger(__name__)
 
@@ -68,6 +68,8 @@ BOOKKEEPING_RETRY_S = 60.0
 """How long RQ's bookkeeping of a job that ended is retried while Redis is unreachable. A
 job that ended as Redis went down kept its `rq:job:` key without a TTL, in RQ's started
 registry, when the bookkeeping met the outage once and gave up."""
+PUBSUB_POLL_S = 1.0
+"""How often the thread reading RQ's command channel wakes (see `ConcurrentWorker.subscribe`)."""
 
 
 class UnknownJobFunction(Exception):
@@ -211,6 +213,18 @@ class ConcurrentWorker(SimpleWorker):
         self._job_threads = _JobThreads(concurrency)
         self._on_stop_requested = on_stop_requested
         self._dequeuing = False
+
+    def subscribe(self) -> None:
+        """RQ's command channel (`rq`'s kill-horse, stop-job), read by a thread that wakes
+        every `PUBSUB_POLL_S`: RQ's own waits 60 s per read, and stopping the worker joins
+        that thread, so a worker that unsubscribed before the thread's first read took up
+        to a minute to stop."""
+        self.log.debug("Worker %s: subscribing to channel %s", self.name, self.pubsub_channel_name)
+        self.pubsub = self.connection.pubsub()
+        self.pubsub.subscribe(**{self.pubsub_channel_name: self.handle_payload})
+        self.pubsub_thread = self.pubsub.run_in_thread(  # type: ignore[assignment]  # RQ types it None
+            sleep_time=PUBSUB_POLL_S, daemon=True, exception_handler=self._pubsub_exception_handler
+        )
 
     def heartbeat(self, timeout: int | None = None, pipeline: Any = None) -> None:
         if timeout is not None or self._beats.due():
@@ -376,18 +390,12 @@ def _until_redis_answers(bookkeeping: Callable[[], None]) -> None:
     """Run RQ's `bookkeeping` of an ended job, again (bounded backoff) after each connection
     error or timeout, for `BOOKKEEPING_RETRY_S` at most. Each step is one transaction, or
     idempotent: a rerun does not apply it twice."""
-    backoff = Backoff()
-    deadline = time.monotonic() + BOOKKEEPING_RETRY_S
-    while True:
-        try:
-            bookkeeping()
-            return
-        except (redis.ConnectionError, redis.TimeoutError) as exc:
-            if time.monotonic() > deadline:
-                raise
-            log.warning("RQ's bookkeeping of a job met a Redis error, retrying: %s", exc)
-            backoff.failed()
-            time.sleep(backoff.wait_s())
+    retry_until(
+        bookkeeping,
+        give_up_at=time.monotonic() + BOOKKEEPING_RETRY_S,
+        what="RQ's bookkeeping of a job",
+        errors=(redis.ConnectionError, redis.TimeoutError),
+    )
 
 
 def build_worker(

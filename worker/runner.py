@@ -23,7 +23,6 @@ from typing import Any
 
 from redis.exceptions import RedisError
 
-from tokenrelay.shared import scripts
 from tokenrelay.shared.errors import (
     GenerationFailed,
     InvalidRequest,
@@ -34,16 +33,18 @@ from tokenrelay.shared.errors import (
 from tokenrelay.shared.events import Done, Error, Started, Usage
 from tokenrelay.shared.generation import GenerationRequest
 from tokenrelay.shared.jobs import JobField, JobStatus, error_fields
-from tokenrelay.shared.model_limits import ModelLimits
-from tokenrelay.shared.rq_jobs import READER_KEY
-from tokenrelay.shared.script_runner import SyncScripts
+from tokenrelay.shared.redis import job_scripts, plane_scripts, scripts
+from tokenrelay.shared.redis.model_limits import ModelLimits
+from tokenrelay.shared.redis.rq_jobs import READER_KEY
+from tokenrelay.shared.redis.scripts import SyncScripts
 from tokenrelay.shared.settings import Settings
 from tokenrelay.shared.truncation import truncate_oldest
 from tokenrelay.worker.active_jobs import ActiveJobs, StopReason
 from tokenrelay.worker.batcher import Batcher, BatchJob
-from tokenrelay.worker.delivery import Backoff, Courier, JobLog
-from tokenrelay.worker.engine import Engine, SamplingParams
+from tokenrelay.worker.delivery import Courier, JobLog
+from tokenrelay.worker.engines.protocol import Engine, SamplingParams
 from tokenrelay.worker.failover_guard import FailoverGuard
+from tokenrelay.worker.retry import Backoff, retry_until
 from tokenrelay.worker.stop_strings import StopStringMatcher
 
 log = logging.getLogger(__name__)
@@ -52,8 +53,8 @@ _WAIT_SLICE_S = 0.25
 _TAKE_WAIT_S = 0.01
 """How long a job's thread, having handed its job to the batcher, waits for the batcher to
 take it before it writes RQ's record of the start: building that transaction holds the
-GIL, and the batcher, woken for the job, waited it out before the job's first step (0.3 ms
-of its first token at 64 streams; bench/README.md, "Seventh pass")."""
+GIL, and the batcher, woken for the job, waited it out before the job's first step, which
+delayed its first token (docs/benchmarks/gateway.md)."""
 
 
 class _GivenBack(Exception):
@@ -122,41 +123,39 @@ class JobRunner:
             self._active.remove(job_id)
 
     def _start(self, job_id: str, started_event: str) -> Any:
-        call = scripts.start(self._settings, job_id, self._worker_name, started_event)
+        call = job_scripts.start(self._settings, job_id, self._worker_name, started_event)
         open_log = None
         if not self._settings.token_plane_shared:
-            open_log = scripts.open_log(self._settings, job_id, started_event)
+            open_log = plane_scripts.open_log(self._settings, job_id, started_event)
         give_up_at = time.monotonic() + self._settings.lease_ttl_s
+
+        def start_once() -> tuple[Any, bool]:
+            status, holds = self._guard.apply(
+                lambda client: self._scripts.run(call, client),
+                lambda status: bool(status == JobStatus.RUNNING),
+            )
+            if status == JobStatus.RUNNING and open_log is not None:
+                self._plane_scripts.run(open_log)
+            return status, holds
+
         backoff = Backoff()
         while True:
             sent_at = time.monotonic()
-            try:
-                status, holds = self._guard.apply(
-                    lambda client: self._scripts.run(call, client),
-                    lambda status: bool(status == JobStatus.RUNNING),
-                )
-                if status == JobStatus.RUNNING and open_log is not None:
-                    self._plane_scripts.run(open_log)
-            except RedisError as exc:
-                if time.monotonic() >= give_up_at:
-                    raise
-                log.warning("START of job %s failed, will retry: %s", job_id, exc)
-                backoff.failed()
-                time.sleep(backoff.wait_s())
-                continue
+            status, holds = retry_until(
+                start_once, give_up_at=give_up_at, what=f"START of job {job_id}"
+            )
             if status == JobStatus.RUNNING:
                 self._active.lease_renewed([job_id], sent_at, self._settings.lease_ttl_s)
             if not holds and time.monotonic() < give_up_at:
                 log.warning("job %s started on a primary that failed over; again", job_id)
-                backoff.failed()
-                time.sleep(backoff.wait_s())
+                backoff.sleep()
                 continue  # on the new primary, which the process's clients now reach
             return status
 
     def _run_started(
         self, job_id: str, request: GenerationRequest, prompt_ids: list[int], reader: str | None
     ) -> str:
-        fresh_log = JobLog(job_id, scripts.reader_channel(self._settings, reader))
+        fresh_log = JobLog(job_id, plane_scripts.reader_channel(self._settings, reader))
         job_log: JobLog | None = fresh_log
         try:
             self._check_fits(request, len(prompt_ids))
@@ -285,13 +284,13 @@ class JobRunner:
         wire = event.to_wire()
         close_log = None
         if not carried:
-            close_log = scripts.close_log(self._settings, job_id, wire, final_seq, text)
+            close_log = plane_scripts.close_log(self._settings, job_id, wire, final_seq, text)
 
         def finish_call() -> scripts.ScriptCall:
             if not carried:
-                return scripts.finish(self._settings, job_id, status, fields, "")
+                return job_scripts.finish(self._settings, job_id, status, fields, "")
             unsent = [] if job_log is None else job_log.unacked()
-            return scripts.finish(
+            return job_scripts.finish(
                 self._settings, job_id, status, fields, wire, final_seq, text, unsent
             )
 
@@ -306,17 +305,16 @@ class JobRunner:
                 else:
                     if not holds:
                         log.warning("job %s ended on a primary that failed over; again", job_id)
-                    elif outcome == scripts.FINISH_QUEUED:
+                    elif outcome == job_scripts.FINISH_QUEUED:
                         self._give_back(job_id)
-                    if holds and outcome != scripts.FINISH_BEHIND:
+                    if holds and outcome != job_scripts.FINISH_BEHIND:
                         return bool(outcome == 1)
                     if job_log is not None:
                         job_log.resend_all()
             if not self._active.lease_valid(job_id):
                 log.warning("job %s: its lease ran out before Redis took its end", job_id)
                 return False
-            backoff.failed()
-            time.sleep(backoff.wait_s())
+            backoff.sleep()
 
     def _end(
         self, close_log: scripts.ScriptCall | None, finish: scripts.ScriptCall
@@ -336,25 +334,18 @@ class JobRunner:
     def _give_back(self, job_id: str) -> None:
         """Return a job that FINISH found still queued to its queue (retried through Redis
         errors for up to a lease TTL), then end this run of it: another run starts afresh."""
-        give_up_at = time.monotonic() + self._settings.lease_ttl_s
-        backoff = Backoff()
-        while True:
-            try:
-                listed = self._guard.give_back(job_id)
-            except RedisError as exc:
-                if time.monotonic() >= give_up_at:
-                    raise
-                log.warning("could not give job %s back to its queue, will retry: %s", job_id, exc)
-                backoff.failed()
-                time.sleep(backoff.wait_s())
-                continue
-            log.warning(
-                "job %s ran here but the primary still holds it queued (a failover discarded "
-                "its start): %s",
-                job_id,
-                "given back to its queue" if listed else "its queue lists it",
-            )
-            raise _GivenBack(job_id)
+        listed = retry_until(
+            lambda: self._guard.give_back(job_id),
+            give_up_at=time.monotonic() + self._settings.lease_ttl_s,
+            what=f"giving job {job_id} back to its queue",
+        )
+        log.warning(
+            "job %s ran here but the primary still holds it queued (a failover discarded "
+            "its start): %s",
+            job_id,
+            "given back to its queue" if listed else "its queue lists it",
+        )
+        raise _GivenBack(job_id)
 
 
 _STOPPED: dict[StopReason, tuple[JobStatus, Error]] = {

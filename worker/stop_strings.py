@@ -4,6 +4,9 @@ Text that could still turn into a stop string is held back until it cannot; the 
 never sees a stop string or a prefix of one that was about to become it, unless the
 request asks for the stop string in the output (`include_stop_str_in_output`, as vLLM;
 the second article's `user_stop_words` work that way).
+
+HOT PATH (docs/architecture.md, "The per-token path"): measure with
+`python -m bench.worker_throughput` before and after changing it.
 """
 
 from __future__ import annotations

@@ -1,5 +1,5 @@
 """The request and response shapes of the two articles tokenrelay grew from, so their
-clients work unchanged (see the README's "Article clients").
+clients work unchanged (docs/http-api/article-routes.md).
 
 `POST /` — the first article: `{"prompt"}` in, `{"response", "status", "time"}` out. It
 streams when the body says `"stream": true`, the client accepts `text/event-stream`, or
@@ -29,11 +29,11 @@ from starlette.responses import StreamingResponse
 from tokenrelay.api.deps import CallerDep, StateDep
 from tokenrelay.api.error_docs import SUBMIT_ERRORS
 from tokenrelay.api.errors import retry_headers
-from tokenrelay.api.job_control import submit
-from tokenrelay.api.openai_schema import ChatCompletionRequest
-from tokenrelay.api.relay import GenerationRenderer, collect, relay
+from tokenrelay.api.jobs.control import cancel_on_leave, submit
+from tokenrelay.api.openai.schema import ChatCompletionRequest
 from tokenrelay.api.state import AppState
-from tokenrelay.api.stream_start import first_output
+from tokenrelay.api.streaming.first_output import first_output
+from tokenrelay.api.streaming.relay import GenerationRenderer, collect, relay
 from tokenrelay.shared.errors import InvalidRequest, TokenrelayError
 from tokenrelay.shared.events import Done
 
@@ -113,9 +113,10 @@ async def prompt_completion(
             state, caller, chat.to_generation(state.settings), chat.priority, read_here=True
         )
         if _wants_stream(http, body):
-            events = await first_output(state, job_id, http.receive)
+            leave = cancel_on_leave(state, job_id)
+            events = await first_output(state, job_id, http.receive, leave)
             return StreamingResponse(
-                relay(state, job_id, events, _PromptSSE()), media_type="text/event-stream"
+                relay(events, _PromptSSE(), on_leave=leave), media_type="text/event-stream"
             )
         text = (await collect(state, job_id)).text
     except TokenrelayError as exc:
@@ -148,8 +149,9 @@ async def article_chat(
         state, caller, chat.to_generation(state.settings), chat.priority, read_here=True
     )
     if body.stream:
-        events = await first_output(state, job_id, http.receive)
-        return StreamingResponse(relay(state, job_id, events, _CumulativeText()))
+        leave = cancel_on_leave(state, job_id)
+        events = await first_output(state, job_id, http.receive, leave)
+        return StreamingResponse(relay(events, _CumulativeText(), on_leave=leave))
     text = (await collect(state, job_id)).text
     return ArticleChatResponse(text=text)
 

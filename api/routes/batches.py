@@ -6,8 +6,8 @@ from typing import Annotated
 
 from fastapi import APIRouter, Query
 
-from tokenrelay.api import batch_store
-from tokenrelay.api.batch_models import Batch, BatchCreate, BatchList
+from tokenrelay.api.batches import store as batch_store
+from tokenrelay.api.batches.models import Batch, BatchCreate, BatchList
 from tokenrelay.api.deps import CallerDep, StateDep
 from tokenrelay.api.error_docs import BATCH_ERRORS
 

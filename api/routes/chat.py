@@ -1,5 +1,5 @@
 """`POST /v1/chat/completions`: OpenAI-compatible, streaming (SSE) or not; with `tools`, the
-reply's calls are parsed into `tool_calls` (`api.tool_calls`), whole or as deltas."""
+reply's calls are parsed into `tool_calls` (`api.openai.tool_calls`), whole or as deltas."""
 
 from __future__ import annotations
 
@@ -8,12 +8,11 @@ import time
 from fastapi import APIRouter, Request
 from starlette.responses import StreamingResponse
 
-from tokenrelay.api import sse
 from tokenrelay.api.deps import CallerDep, StateDep
 from tokenrelay.api.error_docs import SUBMIT_ERRORS
-from tokenrelay.api.job_control import submit
-from tokenrelay.api.model_routing import check_model
-from tokenrelay.api.openai_schema import (
+from tokenrelay.api.jobs.control import cancel_on_leave, submit
+from tokenrelay.api.jobs.model_routing import check_model
+from tokenrelay.api.openai.schema import (
     AssistantMessage,
     ChatCompletion,
     ChatCompletionChunk,
@@ -23,10 +22,7 @@ from tokenrelay.api.openai_schema import (
     ChunkChoice,
     Delta,
 )
-from tokenrelay.api.relay import OpenAIStreamRenderer, collect, relay
-from tokenrelay.api.state import AppState
-from tokenrelay.api.stream_start import first_output
-from tokenrelay.api.tool_calls import (
+from tokenrelay.api.openai.tool_calls import (
     Arguments,
     CallStart,
     Content,
@@ -34,7 +30,11 @@ from tokenrelay.api.tool_calls import (
     ToolCallParser,
     parse_reply,
 )
-from tokenrelay.api.tool_schema import FunctionDelta, OutputToolCall, ToolCallDelta
+from tokenrelay.api.openai.tools import FunctionDelta, OutputToolCall, ToolCallDelta
+from tokenrelay.api.state import AppState
+from tokenrelay.api.streaming import sse
+from tokenrelay.api.streaming.first_output import first_output
+from tokenrelay.api.streaming.relay import OpenAIStreamRenderer, collect, relay
 from tokenrelay.shared.events import Done, TokenLogprob, Usage
 
 router = APIRouter(prefix="/v1", tags=["chat"], responses=SUBMIT_ERRORS)
@@ -51,9 +51,10 @@ async def create_chat_completion(
     job_id = await submit(state, caller, request, body.priority, read_here=True)
     if body.stream:
         include_usage = bool(body.stream_options and body.stream_options.include_usage)
-        events = await first_output(state, job_id, http.receive)
+        leave = cancel_on_leave(state, job_id)
+        events = await first_output(state, job_id, http.receive, leave)
         render = _ChatSSE(job_id, body.model, include_usage, parser)
-        return sse.response(relay(state, job_id, events, render))
+        return sse.response(relay(events, render, on_leave=leave))
     return await _complete(state, job_id, body.model, bool(body.logprobs), parser)
 
 

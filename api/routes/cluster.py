@@ -9,7 +9,7 @@ from fastapi import APIRouter, Query
 from tokenrelay.api.cluster_view import ClusterView, read_cluster
 from tokenrelay.api.deps import AdminDep, StateDep
 from tokenrelay.api.error_docs import AUTH_ERRORS
-from tokenrelay.shared.scripts import RECENT_JOBS_KEPT
+from tokenrelay.shared.redis.job_scripts import RECENT_JOBS_KEPT
 
 router = APIRouter(prefix="/v1", tags=["cluster"], responses=AUTH_ERRORS)
 

@@ -13,19 +13,19 @@ from collections.abc import AsyncIterator
 from fastapi import APIRouter, Request
 from starlette.responses import StreamingResponse
 
-from tokenrelay.api import sse
 from tokenrelay.api.deps import CallerDep, StateDep
 from tokenrelay.api.error_docs import SUBMIT_ERRORS
-from tokenrelay.api.job_control import cancel_quietly, submit
-from tokenrelay.api.model_routing import check_model
-from tokenrelay.api.openai_schema import (
+from tokenrelay.api.jobs.control import cancel_on_leave, cancel_quietly, submit
+from tokenrelay.api.jobs.model_routing import check_model
+from tokenrelay.api.openai.schema import (
     Completion,
     CompletionChoice,
     CompletionLogprobs,
     CompletionRequest,
 )
-from tokenrelay.api.relay import OpenAIStreamRenderer, collect, merge, relay
-from tokenrelay.api.stream_start import first_output
+from tokenrelay.api.streaming import sse
+from tokenrelay.api.streaming.first_output import first_output
+from tokenrelay.api.streaming.relay import OpenAIStreamRenderer, collect, merge, relay
 from tokenrelay.shared.events import Done, TokenLogprob, Usage
 
 router = APIRouter(prefix="/v1", tags=["completions"], responses=SUBMIT_ERRORS)
@@ -47,9 +47,14 @@ async def create_completion(
             for index in range(len(job_ids))
         ]
         if body.stream:
-            streams = [await first_output(state, job_id, http.receive) for job_id in job_ids]
+            leaves = [cancel_on_leave(state, job_id) for job_id in job_ids]
+            streams = [
+                await first_output(state, job_id, http.receive, leave)
+                for job_id, leave in zip(job_ids, leaves, strict=True)
+            ]
             relays = [
-                relay(state, j, s, r) for j, s, r in zip(job_ids, streams, renders, strict=True)
+                relay(s, r, on_leave=leave)
+                for s, r, leave in zip(streams, renders, leaves, strict=True)
             ]
             return sse.response(_stream(relays, renders, include_usage))
         results = await asyncio.gather(*(collect(state, job_id) for job_id in job_ids))

@@ -7,11 +7,11 @@ from typing import Annotated, Literal
 from fastapi import APIRouter, Query, Request
 from starlette.responses import StreamingResponse
 
-from tokenrelay.api import file_store
 from tokenrelay.api.deps import CallerDep, StateDep
 from tokenrelay.api.error_docs import FILE_ERRORS, UPLOAD_ERRORS
-from tokenrelay.api.file_store import FileDeleted, FileList, FileObject
-from tokenrelay.api.file_upload import receive_upload
+from tokenrelay.api.files import store as file_store
+from tokenrelay.api.files.store import FileDeleted, FileList, FileObject
+from tokenrelay.api.files.upload import receive_upload
 
 #: The multipart framing around the file itself (boundaries, part headers, `purpose`).
 MULTIPART_OVERHEAD_BYTES = 64 * 1024

@@ -10,8 +10,8 @@ from tokenrelay.api.deps import StateDep
 from tokenrelay.api.error_docs import AUTH_ERRORS
 from tokenrelay.api.errors import error_response
 from tokenrelay.api.state import AppState
-from tokenrelay.shared import redis_connect
 from tokenrelay.shared.errors import RedisUnavailable
+from tokenrelay.shared.redis import connect as redis_connect
 
 router = APIRouter(tags=["health"])
 

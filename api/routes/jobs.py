@@ -9,14 +9,15 @@ from fastapi import APIRouter, Header, Response
 from fastapi.responses import JSONResponse
 from starlette.responses import StreamingResponse
 
-from tokenrelay.api import sse
 from tokenrelay.api.deps import CallerDep, StateDep
 from tokenrelay.api.error_docs import JOB_ERRORS, SUBMIT_ERRORS
-from tokenrelay.api.job_control import cancel, get_record, owned_job, submit
-from tokenrelay.api.job_request import JobRequest
-from tokenrelay.api.model_routing import check_model
-from tokenrelay.api.relay import relay
-from tokenrelay.api.streams import Delivery
+from tokenrelay.api.jobs.control import cancel, get_record, owned_job, submit
+from tokenrelay.api.jobs.model_routing import check_model
+from tokenrelay.api.jobs.request import JobRequest
+from tokenrelay.api.streaming import job_events as hub_events
+from tokenrelay.api.streaming import sse
+from tokenrelay.api.streaming.hub import Delivery
+from tokenrelay.api.streaming.relay import relay
 from tokenrelay.shared.errors import InvalidRequest, RedisUnavailable
 from tokenrelay.shared.jobs import JobField, JobRecord
 
@@ -73,12 +74,9 @@ async def job_events(
         last = await state.hub.last_event(job_id)
         if last is None or last.event.seq <= after_seq:
             return Response(status_code=204)
-    idle_s = state.settings.sse_ping_s
     reader = fields.get(JobField.READER)
-    events = state.hub.events(
-        job_id, reader=reader, after_seq=after_seq, idle_s=idle_s, ended=ended
-    )
-    return sse.response(relay(state, job_id, events, _JobEventsSSE(), cancel_on_leave=False))
+    events = hub_events.job_events(state, job_id, reader=reader, after_seq=after_seq, ended=ended)
+    return sse.response(relay(events, _JobEventsSSE()))
 
 
 _MAX_SEQ = 2**63 - 1  # event `seq`s are Redis integers; the log is read from `seq + 1`

@@ -8,8 +8,8 @@ from fastapi import APIRouter
 
 from tokenrelay.api.deps import CallerDep, StateDep
 from tokenrelay.api.error_docs import AUTH_ERRORS, MODEL_ERRORS
-from tokenrelay.api.model_routing import served_models
-from tokenrelay.api.openai_schema import ModelCard, ModelList
+from tokenrelay.api.jobs.model_routing import served_models
+from tokenrelay.api.openai.schema import ModelCard, ModelList
 from tokenrelay.shared.errors import ModelNotFound
 
 router = APIRouter(prefix="/v1", tags=["models"], responses=AUTH_ERRORS)

@@ -43,9 +43,9 @@ import redis.asyncio
 
 from bench.chaos.cluster import MODEL_NAME, ChaosCluster
 from tokenrelay.cli.embedded_redis import EmbeddedRedis
-from tokenrelay.cli.embedded_sentinel import SERVICE, EmbeddedSentinel
-from tokenrelay.shared import keys
 from tokenrelay.shared.jobs import JobField, JobStatus
+from tokenrelay.shared.redis import keys
+from tokenrelay.testing.sentinel import SERVICE, EmbeddedSentinel
 
 LIMIT = 16
 LEASE_TTL_S = 3.0

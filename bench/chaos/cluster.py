@@ -1,4 +1,4 @@
-"""Real processes for `bench.chaos` and `bench.disconnect`, each killable on its own.
+"""Real processes for `bench.chaos` and `bench.probes.disconnect`, each killable on its own.
 
 `ChaosCluster` runs an embedded Redis (`stop()` / `start()` keep its port; a restarted Redis
 is empty unless it was made `persistent`) or a Sentinel group (`EmbeddedSentinel`),
@@ -33,7 +33,7 @@ class RedisService(Protocol):
 
 
 def build_model(directory: Path) -> Path:
-    from tokenrelay.worker.tiny_model import build_tiny_model
+    from tokenrelay.worker.devmodels.tiny import build_tiny_model
 
     return build_tiny_model(directory)
 

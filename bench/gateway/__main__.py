@@ -14,7 +14,7 @@ opens once every client is in its second stream:
 - Redis connections per API process and per worker (`CLIENT LIST` matched to each pid).
 
 `--relay-only` replaces the workers by a lockstep publisher (`bench/gateway/relay.py`) to
-measure API processes and Redis alone. Results and their reading: `bench/README.md`.
+measure API processes and Redis alone. Results and their reading: docs/benchmarks/gateway.md.
 
     .venv/bin/python -m bench.gateway                                  # 1, 64, 512, 2000 streams
     .venv/bin/python -m bench.gateway --rate 200 --flush-ms 0,50 --concurrency 1,16,64
@@ -71,8 +71,8 @@ from bench.gateway.report import (
     redis_time_table,
     write_json,
 )
-from tokenrelay.shared import keys
 from tokenrelay.shared.jobs import JobField
+from tokenrelay.shared.redis import keys
 from tokenrelay.shared.settings import Settings
 
 _START_DELAY_S = 0.5

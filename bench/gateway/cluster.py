@@ -58,7 +58,7 @@ class ClusterSpec:
             TOKENRELAY_MAX_TOKENS_LIMIT=str(1_000_000),
             TOKENRELAY_RESULT_TTL_S="300",
             # Above the streams each API process holds (uvicorn answers a plain 503 past it),
-            # as the README says to size it.
+            # as docs/operations/settings.md says to size it.
             TOKENRELAY_API_MAX_CONNECTIONS=str(max(1000, self.streams + 256)),
             PYTHONUNBUFFERED="1",
         )

@@ -3,7 +3,7 @@
 `LockstepPublisher` plays the workers' part as a batched engine does: every 1/rate seconds
 one decoding step, whose events (one token for every running job) go to Redis in EMIT calls
 of up to `batch_jobs` jobs each, through tokenrelay's own scripts
-(`tokenrelay.shared.scripts`: ADMIT, START, EMIT, FINISH, RENEW). Clients stream
+(`tokenrelay.shared.redis.scripts`: ADMIT, START, EMIT, FINISH, RENEW). Clients stream
 `GET /v1/jobs/{id}/events`. This measures what one API process costs per forwarded token,
 and what Redis costs per token with full step batches, without a co-located worker (and RQ)
 taking this machine's CPU: in production the workers run on the GPU hosts. The synthetic
@@ -20,10 +20,10 @@ import uuid
 import redis.asyncio
 
 from tokenrelay.api.deps import ANONYMOUS
-from tokenrelay.shared import scripts
 from tokenrelay.shared.events import Done, Started, TokenChunk, Usage
 from tokenrelay.shared.jobs import JobStatus
-from tokenrelay.shared.script_runner import AsyncScripts
+from tokenrelay.shared.redis import job_scripts, plane_scripts, scripts
+from tokenrelay.shared.redis.scripts import AsyncScripts
 from tokenrelay.shared.settings import Settings
 
 WORKER_NAME = "bench-lockstep-publisher"
@@ -53,10 +53,10 @@ class LockstepPublisher:
         """Admit and start a job as the API and a worker would; it gets a token every step."""
         job_id = uuid.uuid4().hex
         settings = self._settings
-        admit = scripts.admit(settings, job_id, ANONYMOUS, settings.model_id)
-        scripts.check_admitted(await self._scripts.run(admit))
+        admit = job_scripts.admit(settings, job_id, ANONYMOUS, settings.model_id)
+        job_scripts.check_admitted(await self._scripts.run(admit))
         started = Started(worker=WORKER_NAME, prompt_tokens=1).to_wire()
-        await self._scripts.run(scripts.start(settings, job_id, WORKER_NAME, started))
+        await self._scripts.run(job_scripts.start(settings, job_id, WORKER_NAME, started))
         self._remaining[job_id] = self._tokens_per_job
         return job_id
 
@@ -74,7 +74,7 @@ class LockstepPublisher:
                 next_step = time.perf_counter()
             await self._step()
             if time.perf_counter() > next_renew and self._remaining:
-                renew = scripts.renew(self._settings, list(self._remaining))
+                renew = job_scripts.renew(self._settings, list(self._remaining))
                 await self._scripts.run(renew)
                 next_renew = time.perf_counter() + self._settings.lease_ttl_s / 3
 
@@ -87,7 +87,7 @@ class LockstepPublisher:
                 (job_id, 1 + self._tokens_per_job - self._remaining[job_id], _TOKEN_EVENT)
                 for job_id in batch
             ]
-            await self._scripts.run(scripts.emit(self._settings, events))
+            await self._scripts.run(plane_scripts.emit(self._settings, events))
         ended = []
         for job_id in job_ids:
             self._remaining[job_id] -= 1
@@ -105,5 +105,5 @@ class LockstepPublisher:
             "completion_tokens": tokens,
             "finish_reason": "length",
         }
-        call = scripts.finish(self._settings, job_id, JobStatus.SUCCEEDED, fields, done)
+        call = job_scripts.finish(self._settings, job_id, JobStatus.SUCCEEDED, fields, done)
         await self._scripts.run(call)

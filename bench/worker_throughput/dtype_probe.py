@@ -35,7 +35,7 @@ def probe_dtype(
     """Time `requests` sequences x `new_tokens` through `TransformersEngine` (the engine the
     worker runs, without Redis or HTTP) in float32 and bfloat16, rounds alternating between
     the two; the median of `repeats` rounds after one warm-up round each."""
-    from tokenrelay.worker.transformers_engine import TransformersEngine
+    from tokenrelay.worker.engines.transformers_engine import TransformersEngine
 
     engines = {
         dtype: TransformersEngine(str(model_dir), device="cpu", dtype=dtype)
@@ -56,7 +56,7 @@ def _engine_rate(
     engine: Any, prompt_tokens: int, requests: int, new_tokens: int, tag: str
 ) -> float:
     from tokenrelay.shared.generation import ChatMessage
-    from tokenrelay.worker.engine import SamplingParams
+    from tokenrelay.worker.engines.protocol import SamplingParams
 
     temperature, top_p, top_k = engine.sampling_defaults()
     params = SamplingParams(new_tokens, new_tokens, temperature, top_p, top_k, seed=0)

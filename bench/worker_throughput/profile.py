@@ -3,7 +3,7 @@
 The worker's batcher thread runs every decoding step in turn, so its wall time (py-spy with
 `--idle`: waiting counts too) is what bounds throughput. Each sample is charged to the
 innermost frame that names a part of the step loop (`worker/batcher.py`,
-`worker/transformers_engine.py`, `worker/sampling.py`).
+`worker/engines/transformers_engine.py`, `worker/engines/sampling.py`).
 """
 
 from __future__ import annotations
@@ -29,12 +29,12 @@ _FRAME = re.compile(r"^(?P<function>.+?) \((?P<file>[^()]*?)(?::\d+)?\)$")
 
 #: Innermost-first matching: (function, file suffix) → the step-loop part it stands for.
 PARTS: tuple[tuple[str, str, str], ...] = (
-    ("sample_token", "worker/sampling.py", "sampling (per row)"),
-    ("_keep_rows", "worker/transformers_engine.py", "cache trim (finished rows)"),
-    ("_merge", "worker/transformers_engine.py", "cache merge (joiners)"),
-    ("_sample", "worker/transformers_engine.py", "sampling (per row)"),
-    ("_prefill", "worker/transformers_engine.py", "prefill forward"),
-    ("_decode", "worker/transformers_engine.py", "decode forward"),
+    ("sample_token", "worker/engines/sampling.py", "sampling (per row)"),
+    ("_keep_rows", "worker/engines/transformers_engine.py", "cache trim (finished rows)"),
+    ("_merge", "worker/engines/transformers_engine.py", "cache merge (joiners)"),
+    ("_sample", "worker/engines/transformers_engine.py", "sampling (per row)"),
+    ("_prefill", "worker/engines/transformers_engine.py", "prefill forward"),
+    ("_decode", "worker/engines/transformers_engine.py", "decode forward"),
     ("_send", "worker/batcher.py", "Redis emit (one call per step)"),
     ("_publish", "worker/batcher.py", "detokenize + stop strings"),
     ("_take_new", "worker/batcher.py", "waiting for jobs"),

@@ -19,7 +19,8 @@ import httpx
 
 from bench.worker_throughput.stats import child_pids
 from tokenrelay.cli.embedded_redis import EmbeddedRedis, free_port
-from tokenrelay.cli.harness import Child, ProcessGroup, eventually
+from tokenrelay.cli.harness import Child, ProcessGroup
+from tokenrelay.testing.polling import eventually
 
 STARTUP_TIMEOUT_S = 600.0
 SERVED_MODEL_NAME = "bench"

@@ -1,0 +1,199 @@
+"""Refuse at admission a request that can never fit: its prompt's tokens plus `max_tokens`
+exceed the model's context window or a worker's batch budget, as the model's workers publish
+them (`shared.redis.model_limits`). Without this, such a job would wait in the queue only to be
+refused by the worker that takes it. (TGI's router and vLLM's server tokenize in front of
+their queues for the same reason.)
+
+Counting is free for the common case: a text has at most one token per UTF-8 byte, plus one
+for a prefix a normalizer may add, so a request that fits by its byte count is never
+tokenized. Nor is one that the byte count proves cannot fit: with a byte-level BPE
+tokenizer (Qwen's, GPT-2's) every byte of the text is in some token and no token stands for
+more than the vocabulary's longest, so a text has at least `bytes / (longest * shrink)`
+tokens, where `shrink` is how much the normalizer can shorten the text (1 without one, 3 for
+NFC: Hangul jamo compose three to one). The rest are tokenized with the workers' own
+tokenizer (`tokenizers`), message contents only: the chat template only adds tokens, so the
+count, less one per text for a merge across a template boundary, is a lower bound. The
+worker still checks the exact count, template included.
+
+Tokenizing a long text takes memory in proportion (a 1 MB text of one character took an API
+process from 80 to 281 MB), so it runs on a dedicated pool of `TOKENIZER_THREADS` threads,
+not the default executor that enqueues use: at most that many texts are in memory at
+once, however many arrive. After each count the C heap's free pages go back to the
+system (glibc's `malloc_trim`), where the allocator would otherwise keep them.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import ctypes
+import ctypes.util
+import json
+import logging
+import time
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from typing import TypeVar
+
+import redis.asyncio
+from tokenizers import Encoding, Tokenizer
+
+from tokenrelay.shared.generation import GenerationRequest
+from tokenrelay.shared.redis import keys
+from tokenrelay.shared.redis.model_limits import ModelLimits
+from tokenrelay.shared.redis.replies import as_text
+from tokenrelay.shared.truncation import always_kept
+
+log = logging.getLogger(__name__)
+
+T = TypeVar("T")
+
+#: How long a process trusts the limits it read for a model before reading them again.
+LIMITS_REFRESH_S = 5.0
+#: Threads that tokenize prompts at admission, per API process.
+TOKENIZER_THREADS = 1
+#: How much a normalizer can shorten a text's UTF-8, for those the byte bound trusts.
+_NORMALIZER_SHRINK = {None: 1, "NFC": 3}
+
+
+@dataclass(frozen=True)
+class LoadedTokenizer:
+    tokenizer: Tokenizer
+    #: UTF-8 bytes of text per token, at most (including the normalizer's shrink); None
+    #: where the tokenizer may drop bytes or normalize otherwise, so no byte bound holds.
+    max_bytes_per_token: int | None
+
+
+class PromptFit:
+    def __init__(self, client: redis.asyncio.Redis) -> None:
+        self._redis = client
+        self._limits: dict[str, tuple[float, ModelLimits | None]] = {}
+        #: model → (tokenizer hash, the tokenizer, or None where it could not be loaded).
+        self._tokenizers: dict[str, tuple[str, LoadedTokenizer | None]] = {}
+        self._loading = asyncio.Lock()
+        self._executor = ThreadPoolExecutor(TOKENIZER_THREADS, thread_name_prefix="tokenizer")
+
+    async def check(self, request: GenerationRequest, *, truncating: bool = False) -> None:
+        """Raises `ContextLengthExceeded` (400) for a request no worker could ever run;
+        `truncating` counts only the turns truncation keeps (`shared.truncation`)."""
+        messages = always_kept(request.messages) if truncating else request.messages
+        texts = [m.content for m in messages] or [request.prompt or ""]
+        limits = await self._limits_of(request.model)
+        if limits is None:
+            return
+        sizes = [len(text.encode()) for text in texts]
+        if sum(sizes) + len(sizes) + request.max_tokens <= limits.tokens_per_job:
+            return
+        loaded = await self._tokenizer(request.model, limits.tokenizer_sha256)
+        if loaded is None:
+            return
+        where = "messages" if request.messages else "prompt"
+        if loaded.max_bytes_per_token is not None:
+            per_token = loaded.max_bytes_per_token
+            least = sum(max(-(-size // per_token) - 1, 0) for size in sizes)
+            limits.check_fits(least, request.max_tokens, where, at_least=True)
+        encodings = await self._run(_encode_and_trim(loaded.tokenizer, texts))
+        least = sum(max(len(encoding.ids) - 1, 0) for encoding in encodings)
+        limits.check_fits(least, request.max_tokens, where, at_least=True)
+
+    def close(self) -> None:
+        self._executor.shutdown(wait=False, cancel_futures=True)
+
+    async def _run(self, work: Callable[[], T]) -> T:
+        return await asyncio.get_running_loop().run_in_executor(self._executor, work)
+
+    async def _limits_of(self, model: str) -> ModelLimits | None:
+        read_at, limits = self._limits.get(model, (float("-inf"), None))
+        if time.monotonic() - read_at < LIMITS_REFRESH_S:
+            return limits
+        fields = await self._redis.hgetall(keys.model_limits(model))  # type: ignore[misc]
+        limits = ModelLimits.from_hash(fields)
+        self._limits[model] = (time.monotonic(), limits)
+        return limits
+
+    async def _tokenizer(self, model: str, sha256: str) -> LoadedTokenizer | None:
+        if not sha256:
+            return None
+        async with self._loading:
+            cached = self._tokenizers.get(model)
+            if cached is not None and cached[0] == sha256:
+                return cached[1]
+            blob = await self._redis.get(keys.tokenizer(sha256))
+            if blob is None:
+                return None
+            text = as_text(blob)
+            loaded: LoadedTokenizer | None = None
+            try:
+                loaded = await self._run(lambda: _load(text))
+            except Exception as exc:  # a format this `tokenizers` cannot read: skip the check
+                log.warning("cannot load the tokenizer of model %r: %s", model, exc)
+            self._tokenizers[model] = (sha256, loaded)
+            return loaded
+
+
+def _load(text: str) -> LoadedTokenizer:
+    return LoadedTokenizer(Tokenizer.from_str(text), _max_bytes_per_token(json.loads(text)))
+
+
+def _max_bytes_per_token(spec: dict[str, object]) -> int | None:
+    """The bound for a byte-level BPE whose normalizer is known; None for any other."""
+    model, normalizer = spec.get("model"), spec.get("normalizer")
+    normalizer_type = normalizer.get("type") if isinstance(normalizer, dict) else normalizer
+    if normalizer_type not in _NORMALIZER_SHRINK or not isinstance(model, dict):
+        return None
+    if model.get("type") != "BPE" or not _keeps_every_byte(spec.get("pre_tokenizer")):
+        return None
+    vocab = model.get("vocab")
+    if not isinstance(vocab, dict) or not vocab:
+        return None
+    # A byte-level token's characters stand for one byte each; added tokens are plain text.
+    longest = max(len(token) for token in vocab)
+    added = spec.get("added_tokens")
+    for token in added if isinstance(added, list) else []:
+        longest = max(longest, len(str(token.get("content", "")).encode()))
+    return longest * _NORMALIZER_SHRINK[normalizer_type]
+
+
+def _keeps_every_byte(pre_tokenizer: object) -> bool:
+    """ByteLevel, alone or after splits that keep what they split on."""
+    if not isinstance(pre_tokenizer, dict):
+        return False
+    steps = (
+        pre_tokenizer.get("pretokenizers")
+        if pre_tokenizer.get("type") == "Sequence"
+        else [pre_tokenizer]
+    )
+    if not isinstance(steps, list) or not steps:
+        return False
+    *splits, last = steps
+    return last.get("type") == "ByteLevel" and all(
+        step.get("type") == "Split" and step.get("behavior") != "Removed" for step in splits
+    )
+
+
+def _encode_and_trim(tokenizer: Tokenizer, texts: list[str]) -> Callable[[], list[Encoding]]:
+    def work() -> list[Encoding]:
+        try:
+            return tokenizer.encode_batch(texts, add_special_tokens=False)
+        finally:
+            _trim_heap()
+
+    return work
+
+
+def _trim_heap() -> None:
+    """Give the C heap's free pages back to the system, where glibc provides the call."""
+    if _LIBC is not None:
+        _LIBC.malloc_trim(0)
+
+
+def _libc() -> ctypes.CDLL | None:
+    name = ctypes.util.find_library("c")
+    try:
+        libc = ctypes.CDLL(name) if name else None
+    except OSError:
+        return None
+    return libc if libc is not None and hasattr(libc, "malloc_trim") else None
+
+
+_LIBC = _libc()

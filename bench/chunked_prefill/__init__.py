@@ -1,1 +1,0 @@
-"""A long prompt's stall on running streams (`python -m bench.chunked_prefill`)."""

@@ -1,1 +1,0 @@
-"""Client disconnect to cancelled job, timed (`python -m bench.disconnect`)."""

@@ -1,1 +1,0 @@
-"""Where a lone stream's time goes in the transformers engine (`python -m bench.lone_stream`)."""

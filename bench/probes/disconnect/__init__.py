@@ -1,0 +1,1 @@
+"""Client disconnect to cancelled job, timed (`python -m bench.probes.disconnect`)."""

@@ -1,1 +1,0 @@
-"""Redis cost of one token event (`python -m bench.redis_emit`)."""

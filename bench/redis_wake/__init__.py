@@ -1,1 +1,0 @@
-"""Redis CPU per request against how busy Redis is (`python -m bench.redis_wake`)."""

@@ -1,0 +1,1 @@
+"""Tests marked `deploy` by tests/conftest.py: see its docstring."""

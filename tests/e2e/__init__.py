@@ -1,0 +1,1 @@
+"""Tests marked `e2e` by tests/conftest.py: see its docstring."""

@@ -1,0 +1,1 @@
+"""Tests marked `integration` by tests/conftest.py: see its docstring."""

@@ -1,0 +1,1 @@
+"""Tests marked `lint` by tests/conftest.py: see its docstring."""

@@ -1,0 +1,1 @@
+"""Tests marked `unit` by tests/conftest.py: see its docstring."""

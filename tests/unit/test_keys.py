@@ -1,0 +1,41 @@
+"""The Redis key schema is a contract between processes and versions: pin every string."""
+
+from tokenrelay.shared.redis import keys
+
+
+def test_key_strings_are_pinned() -> None:
+    assert keys.leases() == "tokenrelay:leases"
+    assert keys.job("abc") == "tokenrelay:job:abc"
+    assert keys.job_events("abc") == "tokenrelay:job:{abc}:events"
+    assert keys.job_channel("abc") == "tokenrelay:job:{abc}:channel"
+    assert keys.job_text("abc") == "tokenrelay:job:{abc}:text"
+    assert keys.token_plane_outbox() == "tokenrelay:token-plane:outbox"
+    assert keys.cancel_channel() == "tokenrelay:cancel"
+    assert keys.owner_jobs("abc") == "tokenrelay:owner:abc:jobs"
+    assert keys.models() == "tokenrelay:models"
+    assert keys.worker("w1") == "tokenrelay:worker:w1"
+    assert keys.recent_jobs() == "tokenrelay:recent-jobs"
+    assert keys.rejections() == "tokenrelay:rejections"
+    assert keys.replication_mark() == "tokenrelay:replication-mark"
+    assert keys.generation_queue("Qwen/Qwen2-0.5B-Instruct", "high") == (
+        "tokenrelay:Qwen/Qwen2-0.5B-Instruct:high"
+    )
+
+
+def test_lua_templates_expand_to_the_same_keys() -> None:
+    expanded = [t.replace(keys.ID_PLACEHOLDER, "abc") for t in keys.JOB_KEY_TEMPLATES]
+    assert expanded == [
+        keys.job("abc"),
+        keys.job_events("abc"),
+        keys.job_channel("abc"),
+        keys.job_text("abc"),
+    ]
+    reader = keys.READER_CHANNEL_TEMPLATE.replace(keys.ID_PLACEHOLDER, "abc")
+    assert reader == keys.reader_channel("abc")
+
+
+def test_webhook_key_strings_are_pinned() -> None:
+    assert keys.webhook_deliveries() == "tokenrelay:webhooks:deliveries"
+    assert keys.webhook_retries() == "tokenrelay:webhooks:retries"
+    assert keys.webhook_processing("d1") == "tokenrelay:webhooks:processing:d1"
+    assert keys.webhook_dispatchers() == "tokenrelay:webhooks:dispatchers"
