@@ -6,7 +6,9 @@ declared with `refused(...)`, so the OpenAPI schema lists them (marked
 `"x-tokenrelay": "refused"`) and `check_refused` answers a 400 naming the field whenever a
 request sets one (a JSON `null` counts as not set, as OpenAI treats it). Fields that only
 describe the caller to OpenAI (`user`, `metadata`, ...) are declared with `no_effect(...)`:
-accepted, marked `"x-tokenrelay": "no-effect"`, and documented as such.
+accepted, marked `"x-tokenrelay": "no-effect"`, and documented as such; a response to a
+request that set one names it in the `x-tokenrelay-no-effect` header (`no_effect_header`),
+so nothing is accepted with no effect silently.
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ from tokenrelay.shared.errors import InvalidRequest
 SUPPORT_KEY = "x-tokenrelay"
 REFUSED = "refused"
 NO_EFFECT = "no-effect"
+NO_EFFECT_HEADER = "x-tokenrelay-no-effect"
 
 
 class StrictPart(BaseModel):
@@ -63,6 +66,26 @@ def _refused_fields(model: type[BaseModel]) -> tuple[tuple[str, str], ...]:
             reason = (info.description or "").removeprefix("Not supported: ")
             refused_fields.append((name, reason.removesuffix(". Refused with a 400 when set.")))
     return tuple(refused_fields)
+
+
+@functools.cache
+def _no_effect_fields(model: type[BaseModel]) -> tuple[str, ...]:
+    return tuple(name for name in model.model_fields if support(model, name) == NO_EFFECT)
+
+
+def set_with_no_effect(body: BaseModel, prefix: str = "") -> list[str]:
+    """The fields marked `no-effect` that `body` sets (a JSON `null` counts as not set),
+    each named with `prefix`."""
+    return [
+        f"{prefix}{name}"
+        for name in _no_effect_fields(type(body))
+        if getattr(body, name) is not None
+    ]
+
+
+def no_effect_header(fields: list[str]) -> dict[str, str]:
+    """The response header naming the no-effect `fields` a request set (none: no header)."""
+    return {NO_EFFECT_HEADER: ",".join(fields)} if fields else {}
 
 
 def check_refused(body: BaseModel, prefix: str = "") -> None:
