@@ -8,27 +8,10 @@ import json
 import httpx
 import openai
 import pytest
-from prometheus_client.parser import text_string_to_metric_families
 
 from tests.support.cluster import MODEL_NAME, Cluster, ClusterFactory
+from tests.support.metrics import parse, value
 from tokenrelay.shared.redis import keys
-
-Samples = dict[tuple[str, frozenset[tuple[str, str]]], float]
-
-
-def parse(text: str) -> tuple[set[str], Samples]:
-    """Family names and `(sample name, labels) -> value` of a Prometheus text scrape."""
-    families = list(text_string_to_metric_families(text))
-    samples = {
-        (sample.name, frozenset(sample.labels.items())): sample.value
-        for family in families
-        for sample in family.samples
-    }
-    return {family.name for family in families}, samples
-
-
-def value(samples: Samples, name: str, **labels: str) -> float | None:
-    return samples.get((name, frozenset(labels.items())))
 
 
 @pytest.fixture(scope="module")

@@ -12,9 +12,9 @@ import pytest
 import redis
 import redis.asyncio
 from fastapi.testclient import TestClient
-from prometheus_client.parser import text_string_to_metric_families
 from rq import Queue, Worker
 
+from tests.support.metrics import Samples, parse, value
 from tokenrelay.api.api_keys import hash_key, owner_id
 from tokenrelay.api.app import create_app
 from tokenrelay.api.cluster_view import ClusterGauges
@@ -30,23 +30,6 @@ from tokenrelay.worker.rq_worker import build_worker
 
 SECRET = "the launch code is 0000"
 MESSAGES = [{"role": "user", "content": SECRET}]
-
-Samples = dict[tuple[str, frozenset[tuple[str, str]]], float]
-
-
-def parse(text: str) -> tuple[set[str], Samples]:
-    """Family names and `(sample name, labels) -> value` of a Prometheus text scrape."""
-    families = list(text_string_to_metric_families(text))
-    samples = {
-        (sample.name, frozenset(sample.labels.items())): sample.value
-        for family in families
-        for sample in family.samples
-    }
-    return {family.name for family in families}, samples
-
-
-def value(samples: Samples, name: str, **labels: str) -> float | None:
-    return samples.get((name, frozenset(labels.items())))
 
 
 def scrape(client: TestClient) -> Samples:
