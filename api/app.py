@@ -13,6 +13,7 @@ from fastapi import FastAPI
 from redis.asyncio.cluster import RedisCluster
 
 from tokenrelay.api import background, errors, gc_tuning
+from tokenrelay.api.anthropic import errors as anthropic_errors
 from tokenrelay.api.api_keys import KeyRing
 from tokenrelay.api.batches.feeder import BatchFeeder
 from tokenrelay.api.batches.store import batch_webhook
@@ -23,6 +24,7 @@ from tokenrelay.api.metrics import Metrics
 from tokenrelay.api.middleware.body_limit import BodySizeLimit
 from tokenrelay.api.middleware.request_id import RequestId
 from tokenrelay.api.middleware.request_log import RequestLog
+from tokenrelay.api.responses.settle import settle_forever
 from tokenrelay.api.routes import (
     article_clients,
     batches,
@@ -33,7 +35,10 @@ from tokenrelay.api.routes import (
     files,
     health,
     jobs,
+    messages,
     models,
+    pages,
+    responses,
 )
 from tokenrelay.api.routes import metrics as metrics_route
 from tokenrelay.api.state import AppState
@@ -120,11 +125,12 @@ def create_app(settings: Settings) -> FastAPI:
         )
         feeder_loop = BatchFeeder(state, app.state.metrics).run_forever()
         feeder = asyncio.create_task(feeder_loop, name="batch-feeder")
+        settler = asyncio.create_task(settle_forever(state), name="responses-settler")
         watch = asyncio.create_task(state.connector.follow_primary_async(), name="primary-watch")
         try:
             yield
         finally:
-            await background.stop((reaper, webhooks, feeder, watch))
+            await background.stop((reaper, webhooks, feeder, settler, watch))
             await state.close()
 
     app = FastAPI(
@@ -132,11 +138,11 @@ def create_app(settings: Settings) -> FastAPI:
         summary="OpenAI-compatible LLM gateway: global admission, queueing, streaming.",
         version=VERSION,
         lifespan=lifespan,
-        docs_url="/docs" if settings.docs_enabled else None,
-        redoc_url="/redoc" if settings.docs_enabled else None,
+        docs_url=None,  # `routes/pages.py` serves `/docs` and `/redoc` without a CDN
+        redoc_url=None,
         openapi_url="/openapi.json" if settings.docs_enabled else None,
     )
-    errors.install(app)
+    errors.install(app, dialects=[anthropic_errors.DIALECT])
     upload_limit = settings.file_max_bytes + files.MULTIPART_OVERHEAD_BYTES
     app.add_middleware(
         BodySizeLimit,
@@ -152,14 +158,19 @@ def create_app(settings: Settings) -> FastAPI:
         completions.router,
         article_clients.router,
         jobs.router,
+        messages.router,
         files.router,
         batches.router,
+        responses.router,
         models.router,
         health.router,
         cluster.router,
         metrics_route.router,
+        pages.index_router,
     ):
         app.include_router(router)
+    if settings.docs_enabled:
+        app.include_router(pages.docs_router)
     if settings.console_enabled:
         app.include_router(console.router)
     return app

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+from collections.abc import Iterable
 from dataclasses import dataclass
 from datetime import datetime
 from typing import cast
@@ -28,7 +29,7 @@ from tokenrelay.api.state import AppState
 from tokenrelay.shared.jobs import JobField, JobStatus
 from tokenrelay.shared.redis import connect as redis_connect
 from tokenrelay.shared.redis import keys
-from tokenrelay.shared.redis.rq_jobs import queue_model
+from tokenrelay.shared.redis.rq_jobs import PRIORITIES, queue_model
 
 GAUGE_TIMEOUT_S = 1.0  # per gauge of a scrape (three in all)
 # What a worker's registration holds (shared/redis/lua/register_worker.lua writes it). The app's
@@ -110,6 +111,7 @@ class ClusterGauges:
     in_flight: int | None = None
     queues: dict[str, int] | None = None
     workers: int | None = None
+    migrations: int | None = None
 
 
 async def read_gauges(state: AppState) -> ClusterGauges:
@@ -121,12 +123,14 @@ async def read_gauges(state: AppState) -> ClusterGauges:
         async with asyncio.timeout(GAUGE_TIMEOUT_S):
             role = await client.execute_command("ROLE")
             gauges.in_flight = await client.zcard(keys.leases())
+            gauges.migrations = int(await client.get(keys.migrations()) or 0)
     except (RedisError, OSError, TimeoutError):
         return gauges
     gauges.redis_up = redis_connect.is_primary(role)
     with contextlib.suppress(RedisError, OSError, TimeoutError):
         async with asyncio.timeout(GAUGE_TIMEOUT_S):
-            gauges.queues = await _queue_depths(client)
+            depths = await _queue_depths(client)
+            gauges.queues = _every_priority(depths, [state.settings.model_id])
     with contextlib.suppress(RedisError, OSError, TimeoutError):
         async with asyncio.timeout(GAUGE_TIMEOUT_S):
             gauges.workers = len(await _worker_models(client))
@@ -144,6 +148,8 @@ async def read_cluster(state: AppState, limit: int) -> ClusterView:
         asyncio.to_thread(_rq_workers, state.rq_connection, names),
         _registrations(state.redis, names),
     )
+    served = [state.settings.model_id, *models.values()]
+    queues = _every_priority(queues, served)
     view.queues = [QueueView(name=name, queued=count) for name, count in queues.items()]
     view.workers = [
         _worker_view(worker, running, models[worker.name], registrations[worker.name])
@@ -196,6 +202,20 @@ async def _queue_depths(client: redis.asyncio.Redis) -> dict[str, int]:
             pipe.llen(prefix + name)
         depths = await pipe.execute()
     return dict(zip(names, depths, strict=True))
+
+
+def _every_priority(depths: dict[str, int], models: Iterable[str]) -> dict[str, int]:
+    """`depths` with every priority's queue of each model of theirs and of `models`, empty
+    ones included (RQ lists a queue only once a job was put on it, so `high` was missing
+    until a first batch or priority job), ordered by model, then high, normal, low."""
+    every = {queue_model(name) or "" for name in depths} | set(models)
+    order = {priority: rank for rank, priority in enumerate(PRIORITIES)}
+    named = {
+        keys.generation_queue(model, priority): (model, order[priority])
+        for model in every
+        for priority in PRIORITIES
+    }
+    return {name: depths.get(name, 0) for name in sorted(named, key=named.__getitem__)}
 
 
 async def _worker_models(client: redis.asyncio.Redis) -> dict[str, str]:

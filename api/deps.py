@@ -43,18 +43,28 @@ StateDep = Annotated[AppState, Depends(get_state)]
 
 
 async def get_caller(
-    state: StateDep, authorization: Annotated[str | None, Header()] = None
+    state: StateDep,
+    authorization: Annotated[str | None, Header()] = None,
+    x_api_key: Annotated[
+        str | None, Header(description="The API key, as Anthropic's clients send it.")
+    ] = None,
 ) -> Caller:
+    """The key's caller: sent as `Authorization: Bearer <key>` (OpenAI's clients) or as
+    `x-api-key` (Anthropic's); with both, the bearer key counts."""
     if not state.keys.enabled:
         return Caller(owner=ANONYMOUS)
     scheme, _, key = (authorization or "").partition(" ")
+    param = "authorization"
+    if authorization is None and x_api_key is not None:
+        scheme, key, param = "bearer", x_api_key, "x-api-key"
     if scheme.lower() != "bearer" or not key.strip():
         raise Unauthorized(
-            "missing API key: send it as `Authorization: Bearer <key>`", param="authorization"
+            "missing API key: send it as `Authorization: Bearer <key>` or `x-api-key: <key>`",
+            param=param,
         )
     policy = state.keys.lookup(key.strip())
     if policy is None:
-        raise Unauthorized("invalid API key", param="authorization")
+        raise Unauthorized("invalid API key", param=param)
     return Caller(
         owner=policy.owner,
         is_admin=policy.is_admin,

@@ -74,3 +74,12 @@ BATCH_ERRORS: dict[int | str, dict[str, Any]] = {
     400: _doc("Invalid request: the message names the field (`invalid_request_error`)"),
     404: _doc("No such batch or input file, or another key's (`batch_not_found`)"),
 }
+
+RESPONSE_ERRORS: dict[int | str, dict[str, Any]] = {
+    **AUTH_ERRORS,
+    400: _doc("Invalid request: the message names the field (`invalid_request_error`)"),
+    404: _doc(
+        "No stored response by that id for this key, or created with `store: false` "
+        "(`response_not_found`)"
+    ),
+}

@@ -10,10 +10,15 @@ Names follow vLLM and TGI, prefixed `tokenrelay_`:
     tokenrelay_inter_token_latency_seconds         between forwarded tokens
     tokenrelay_e2e_request_latency_seconds         request arrival -> final event
     tokenrelay_prompt_tokens_total, tokenrelay_generation_tokens_total
+    tokenrelay_prompt_tokens_served_total{source}  prompt tokens of finished generations, by
+                                                   `cache` (a worker's prefix cache) or
+                                                   `prefill` (computed)
     tokenrelay_requests_in_flight                  admitted, unfinished jobs (cluster-wide)
     tokenrelay_requests_in_flight_limit            TOKENRELAY_MAX_INFLIGHT
     tokenrelay_queue_depth{queue}                  jobs waiting in each of tokenrelay's queues
     tokenrelay_workers                             live tokenrelay workers registered in RQ
+    tokenrelay_job_migrations_total                running jobs continued on another worker
+                                                   (cluster-wide, from Redis)
     tokenrelay_redis_up                            1 if this scrape read Redis on its primary
 
 Counters and histograms live in the process that served the request (the request log counts
@@ -34,7 +39,7 @@ from typing import Annotated
 
 from fastapi import Depends, Request
 from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest, values
-from prometheus_client.core import GaugeMetricFamily, Metric
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.multiprocess import MultiProcessCollector
 
 from tokenrelay.api.cluster_view import ClusterGauges
@@ -106,6 +111,14 @@ class Metrics:
         self.prompt_tokens = Counter(
             "tokenrelay_prompt_tokens",
             "Prompt tokens of the generations served.",
+            registry=registry,
+        )
+        self.prompt_tokens_served = Counter(
+            "tokenrelay_prompt_tokens_served",
+            "Prompt tokens of the generations that finished, by source: a worker's prefix "
+            "cache (cache) or computed (prefill). Workers export no metrics: their Done "
+            "event's usage says how many of its prompt tokens were cached.",
+            ("source",),
             registry=registry,
         )
         self.generation_tokens = Counter(
@@ -193,4 +206,11 @@ class ClusterCollector:
                 "tokenrelay_workers",
                 "Live model workers (registered in RQ).",
                 value=gauges.workers,
+            )
+        if gauges.migrations is not None:
+            yield CounterMetricFamily(
+                "tokenrelay_job_migrations",
+                "Running jobs whose worker was lost or stopped, put back in their queue to "
+                "continue on another worker from the tokens already delivered.",
+                value=gauges.migrations,
             )

@@ -69,7 +69,8 @@ class EmbeddedRedis:
     `persistent`, it keeps an append-only file (`appendfsync everysec`, as compose.yaml and
     the Helm chart run Redis) in its own data directory, so a restart loads what a real
     server would: everything when it was stopped gracefully, all but about the last second
-    of writes when it was killed.
+    of writes when it was killed. With `own_process_group`, the server leads a process group
+    of its own, so a terminal's Ctrl-C (SIGINT to its foreground group) does not reach it.
     """
 
     def __init__(
@@ -80,6 +81,7 @@ class EmbeddedRedis:
         extra_args: tuple[str, ...] = (),
         binary: str | None = None,
         launcher: tuple[str, ...] = (),
+        own_process_group: bool = False,
     ) -> None:
         """`launcher`: a command that runs the server, whose command line follows it (a
         profiler's, for the benchmarks)."""
@@ -88,6 +90,7 @@ class EmbeddedRedis:
         self._extra_args = extra_args
         self._binary = binary or find_redis_server()
         self._launcher = launcher
+        self._process_group = 0 if own_process_group else None
         self._dir = tempfile.mkdtemp(prefix="tokenrelay-redis-")
         self._startup_timeout_s = startup_timeout_s
         self._process: subprocess.Popen[bytes] | None = None
@@ -110,7 +113,12 @@ class EmbeddedRedis:
         else:
             args += ["--appendonly", "no"]
         args += ["--dir", self._dir, "--loglevel", "warning", *self._extra_args]
-        self._process = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        self._process = subprocess.Popen(
+            args,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+            process_group=self._process_group,
+        )
         deadline = time.monotonic() + self._startup_timeout_s
         while time.monotonic() < deadline:
             if self._process.poll() is not None:

@@ -107,11 +107,14 @@ class ProcessGroup:
     """Children started together, stopped together: `with ProcessGroup(env, log_dir) as g:`.
 
     `env` is the environment every child gets (default: ours); `log_dir`, where each child's
-    output goes as `<name>-<n>.log` (default: our stdout and stderr).
+    output goes as `<name>-<n>.log` (default: our stdout and stderr). With
+    `own_process_groups`, each child leads a process group of its own, so a signal to ours
+    (a terminal's Ctrl-C: SIGINT to its foreground group) does not reach it: we stop it.
     """
 
     env: Mapping[str, str] = field(default_factory=lambda: dict(os.environ))
     log_dir: Path | None = None
+    own_process_groups: bool = False
     children: list[Child] = field(default_factory=list)
 
     def __enter__(self) -> ProcessGroup:
@@ -129,14 +132,20 @@ class ProcessGroup:
     ) -> Child:
         """Start `command` (in `cwd`) with the group's environment updated by `env`."""
         child_env = {**self.env, **(env or {})}
+        group = 0 if self.own_process_groups else None
         if self.log_dir is None:
-            process = subprocess.Popen(list(command), env=child_env, cwd=cwd)
+            process = subprocess.Popen(list(command), env=child_env, cwd=cwd, process_group=group)
             child = Child(name, process, None)
         else:
             log_path = _free_log_path(self.log_dir, name)
             with open(log_path, "wb") as log:
                 process = subprocess.Popen(
-                    list(command), env=child_env, cwd=cwd, stdout=log, stderr=subprocess.STDOUT
+                    list(command),
+                    env=child_env,
+                    cwd=cwd,
+                    stdout=log,
+                    stderr=subprocess.STDOUT,
+                    process_group=group,
                 )
             child = Child(name, process, log_path)
         self.children.append(child)
@@ -155,7 +164,7 @@ class ProcessGroup:
         args = ["api", "--host", host, "--port", str(port), "--workers", str(workers)]
         child = self.spawn("api", tokenrelay_command(*args), env)
         url = f"http://{host}:{port}/readyz"
-        child.wait_ready(lambda: _answers(url), ready_timeout_s, f"{url} to answer 200")
+        child.wait_ready(lambda: answers(url), ready_timeout_s, f"{url} to answer 200")
         return child
 
     def start_worker(
@@ -211,7 +220,8 @@ def _free_log_path(log_dir: Path, name: str) -> Path:
     return log_dir / f"{name}-{n}.log"
 
 
-def _answers(url: str) -> bool:
+def answers(url: str) -> bool:
+    """`url` answers 200 (within a second)."""
     try:
         with urllib.request.urlopen(url, timeout=1) as response:
             return bool(response.status == 200)

@@ -10,22 +10,24 @@ Heavy imports (uvicorn, torch) happen inside the subcommand that needs them, so
 from __future__ import annotations
 
 import argparse
+import getpass
 import hashlib
+import logging
 import os
 import signal
 import sys
 import tempfile
 import time
 from collections.abc import Iterator, Sequence
-from contextlib import ExitStack, contextmanager
+from contextlib import contextmanager
 from pathlib import Path
 from types import FrameType
+from typing import NoReturn
 
 from tokenrelay.cli.client.batch import add_batch_commands
-from tokenrelay.shared.settings import DEMO_MODEL_NAME, Settings
+from tokenrelay.shared.settings import DEMO_CHOICES, Settings
 from tokenrelay.shared.version import VERSION
 
-REDIS_URL_ENV = "TOKENRELAY_REDIS_URL"
 MULTIPROC_DIR_ENV = "PROMETHEUS_MULTIPROC_DIR"
 
 
@@ -41,7 +43,7 @@ def _parser() -> argparse.ArgumentParser:
     commands = parser.add_subparsers(required=True, metavar="COMMAND")
 
     serve = commands.add_parser("serve", help="Redis (embedded if unset), one API, one worker")
-    serve.add_argument("--demo", action="store_true", help="serve a tiny offline model")
+    _add_demo_flag(serve)
     serve.add_argument("--host", default="127.0.0.1")
     serve.add_argument("--port", type=int, default=8000)
     serve.set_defaults(handler=_serve)
@@ -53,7 +55,7 @@ def _parser() -> argparse.ArgumentParser:
     api.set_defaults(handler=_api)
 
     worker = commands.add_parser("worker", help="one model worker process")
-    worker.add_argument("--demo", action="store_true", help="serve a tiny offline model")
+    _add_demo_flag(worker)
     worker.set_defaults(handler=_worker)
 
     tiny = commands.add_parser("make-tiny-model", help="write a random-weight Qwen2 checkpoint")
@@ -69,10 +71,26 @@ def _parser() -> argparse.ArgumentParser:
     tiny.set_defaults(handler=_make_tiny_model)
 
     hashed = commands.add_parser("hash-key", help="print an API key's SHA-256 for the keys file")
-    hashed.add_argument("key")
+    hashed.add_argument(
+        "key", nargs="?", help="default: read from stdin, which keeps it out of shell history"
+    )
     hashed.set_defaults(handler=_hash_key)
     _add_client_commands(commands)
     return parser
+
+
+def _add_demo_flag(parser: argparse.ArgumentParser) -> None:
+    """`--demo [auto|qwen2.5-coder|tiny]` (`tokenrelay.worker.devmodels.demo`)."""
+    parser.add_argument(
+        "--demo",
+        nargs="?",
+        const="auto",
+        choices=DEMO_CHOICES,
+        metavar="MODEL",
+        help="serve the offline demo model: Qwen2.5-Coder-0.5B-Instruct where the demo-model "
+        "extra is installed, else (saying so) a tiny one with random weights; `tiny` picks "
+        "that one, `qwen2.5-coder` refuses to start without the real one",
+    )
 
 
 def _add_client_commands(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -85,7 +103,9 @@ def _add_client_commands(commands: argparse._SubParsersAction[argparse.ArgumentP
     generation.add_argument("question")
     generation.add_argument("--model", help="default: the one model the API serves")
     generation.add_argument("--system", help="a system message")
-    generation.add_argument("--max-tokens", type=int)
+    generation.add_argument("--max-tokens", type=int, help="default: the API's")
+    generation.add_argument("--temperature", type=float, help="0 for greedy decoding")
+    generation.add_argument("--seed", type=int, help="for a reproducible sample")
     job = argparse.ArgumentParser(add_help=False)
     job.add_argument("job_id")
     for name, parents, help_text in (
@@ -116,8 +136,9 @@ def _client(args: argparse.Namespace) -> int:
 def _api(args: argparse.Namespace) -> int:
     import uvicorn
 
-    from tokenrelay.api.middleware.request_log import uvicorn_log_config
     from tokenrelay.cli.http_protocol import protocol_factory
+    from tokenrelay.cli.serve import API_DRAIN_S
+    from tokenrelay.shared.log_config import logging_config
 
     settings = Settings()  # fail fast, with pydantic's message, on invalid settings
     with _prometheus_multiproc_dir():
@@ -130,8 +151,8 @@ def _api(args: argparse.Namespace) -> int:
             http=protocol_factory(settings.api_header_timeout_s, settings.api_body_timeout_s),
             timeout_keep_alive=settings.api_keep_alive_timeout_s,
             limit_concurrency=settings.api_max_connections,
-            timeout_graceful_shutdown=30,
-            log_config=uvicorn_log_config(),
+            timeout_graceful_shutdown=API_DRAIN_S,
+            log_config=logging_config(settings.log_level, settings.log_format),
             # the request log (`api/middleware/request_log.py`) has one line per request
             access_log=False,
         )
@@ -169,11 +190,29 @@ def _exit_on_signal(signum: int, frame: FrameType | None) -> None:
 def _worker(args: argparse.Namespace) -> int:
     from tokenrelay.worker.main import run_worker
 
-    return run_worker(Settings(), demo=args.demo)
+    _exit_at_once(run_worker(Settings(), demo=args.demo))
+
+
+def _exit_at_once(code: int) -> NoReturn:
+    """Leave without the interpreter's final garbage collection: after a model was loaded it
+    walks every object of torch and transformers, which kept a stopped worker alive for
+    seconds. The worker has closed its connections; its output is flushed here."""
+    logging.shutdown()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
 
 
 def _hash_key(args: argparse.Namespace) -> int:
-    print(hashlib.sha256(args.key.encode()).hexdigest())
+    key = args.key
+    if key is None:
+        # A terminal gets a prompt that does not echo; a pipe gives its first line.
+        key = getpass.getpass("API key: ") if sys.stdin.isatty() else sys.stdin.readline()
+        key = key.rstrip("\r\n")
+    if not key:
+        print("tokenrelay hash-key: no key given (as an argument or on stdin)", file=sys.stderr)
+        return 2
+    print(hashlib.sha256(key.encode()).hexdigest())
     return 0
 
 
@@ -193,38 +232,27 @@ def _make_tiny_model(args: argparse.Namespace) -> int:
 
 
 def _serve(args: argparse.Namespace) -> int:
-    """Everything on one machine; stops all of it on SIGINT/SIGTERM or if a part dies."""
-    from tokenrelay.cli.embedded_redis import EmbeddedRedis
-    from tokenrelay.cli.harness import ProcessGroup, tokenrelay_command
+    """Everything on one machine (`tokenrelay.cli.serve`: stopped in order on Ctrl-C)."""
+    from tokenrelay.cli.serve import serve
 
     env = dict(os.environ)
-    stopping = False
+    worker_args: list[str] = []
+    if args.demo:
+        from tokenrelay.worker.devmodels.demo import NOT_INSTALLED, DemoModel
+        from tokenrelay.worker.engines.protocol import ModelLoadError
 
-    def request_stop(signum: int, frame: FrameType | None) -> None:
-        nonlocal stopping
-        stopping = True
-
-    signal.signal(signal.SIGTERM, request_stop)
-    signal.signal(signal.SIGINT, request_stop)
-    with ExitStack() as stack:
-        if REDIS_URL_ENV not in env:
-            redis_server = stack.enter_context(EmbeddedRedis())
-            env[REDIS_URL_ENV] = redis_server.url
-            print(f"tokenrelay serve: embedded Redis at {redis_server.url}", flush=True)
-        if args.demo:
-            env.setdefault("TOKENRELAY_SERVED_MODEL_NAME", DEMO_MODEL_NAME)
-        group = stack.enter_context(ProcessGroup(env=env))
-        group.spawn("worker", tokenrelay_command("worker", *(["--demo"] * args.demo)))
-        api = ["api", "--host", args.host, "--port", str(args.port)]
-        group.spawn("api", tokenrelay_command(*api))
-        print(f"tokenrelay serve: API on http://{args.host}:{args.port}", flush=True)
-        ended = group.wait_first_exit(lambda: stopping)
-        if ended is None:
-            return 0
-        code = ended.process.returncode
-        print(f"tokenrelay serve: the {ended.name} exited with {code}", file=sys.stderr)
-        return code or 1
-    return 0
+        try:
+            chosen = DemoModel.choose(args.demo)
+        except ModelLoadError as exc:
+            print(f"tokenrelay serve: {exc}", file=sys.stderr)
+            return 2
+        if chosen.fell_back:
+            print(f"tokenrelay serve: {NOT_INSTALLED}", flush=True)
+        # Chosen once, for both processes: the API reads the defaults too (`max_tokens`).
+        for name, value in chosen.defaults.items():
+            env.setdefault(f"TOKENRELAY_{name.upper()}", str(value))
+        worker_args = ["--demo", chosen.kind]
+    return serve(env, host=args.host, port=args.port, worker_args=worker_args)
 
 
 if __name__ == "__main__":

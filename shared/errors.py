@@ -9,6 +9,7 @@
     │   ├── JobNotFound             (404 job_not_found)
     │   ├── FileNotFound            (404 file_not_found)
     │   ├── BatchNotFound           (404 batch_not_found)
+    │   ├── ResponseNotFound        (404 response_not_found)
     │   └── ModelNotFound           (404 model_not_found)
     ├── PayloadTooLarge             (413 request_too_large)
     ├── QuotaExceeded               (429 rate_limit_exceeded)
@@ -103,6 +104,13 @@ class BatchNotFound(NotFound):
     error_type = "batch_not_found"
 
 
+class ResponseNotFound(NotFound):
+    """No stored Responses API response by that id for this key (unknown, another key's,
+    past its retention, or created with `store: false`)."""
+
+    error_type = "response_not_found"
+
+
 class PayloadTooLarge(TokenrelayError):
     """The request body is larger than `TOKENRELAY_MAX_REQUEST_BYTES`."""
 
@@ -190,6 +198,7 @@ _BY_TYPE: dict[str, type[TokenrelayError]] = {
         ModelNotFound,
         FileNotFound,
         BatchNotFound,
+        ResponseNotFound,
         PayloadTooLarge,
         Overloaded,
         QuotaExceeded,

@@ -14,9 +14,13 @@ from pydantic import BaseModel, ConfigDict, Field, TypeAdapter
 
 
 class Usage(BaseModel):
+    """A job's token counts; `cached_tokens` of its `prompt_tokens` came from the worker's
+    prefix cache instead of being prefilled (0 in events stored before it existed)."""
+
     prompt_tokens: int
     completion_tokens: int
     total_tokens: int
+    cached_tokens: int = 0
 
 
 class _Event(BaseModel):
@@ -36,6 +40,9 @@ class Started(_Event):
     #: Seconds from admission to this start (Redis `TIME`, as the job hash's `created_at`
     #: and `started_at`): added by START where one Redis holds both planes, absent otherwise.
     queue_wait_s: float | None = None
+    #: Which start of the job this is, from 2 on (a continuation: docs/operations/
+    #: failure-behaviour.md); added by START, absent on a job's first start.
+    attempt: int | None = None
 
     def to_wire(self) -> str:
         return self.model_dump_json(exclude={"seq"}, exclude_none=True)
@@ -57,12 +64,15 @@ class TokenLogprob(TopLogprob):
 
 
 class TokenChunk(_Event):
-    """Text generated since the previous chunk; `tokens` is how many tokens it holds, and
-    `logprobs` (only when the job asked for them) one entry per token."""
+    """Text generated since the previous chunk; `tokens` is how many tokens it holds,
+    `token_ids` their ids (what a continuation on another worker prefills after the prompt,
+    never the text tokenized again), and `logprobs` (only when the job asked for them) one
+    entry per token."""
 
     type: Literal["token"] = "token"
     text: str
     tokens: int
+    token_ids: list[int] | None = None
     logprobs: list[TokenLogprob] | None = None
 
     def to_wire(self) -> str:
@@ -70,9 +80,16 @@ class TokenChunk(_Event):
 
 
 class Done(_Event):
+    """The end of a job's text; `stop_sequence` is the request's stop string that ended it
+    (absent when it ended otherwise), which Anthropic's Messages API reports."""
+
     type: Literal["done"] = "done"
     finish_reason: Literal["stop", "length"]
     usage: Usage
+    stop_sequence: str | None = None
+
+    def to_wire(self) -> str:
+        return self.model_dump_json(exclude={"seq"}, exclude_none=True)
 
 
 class Error(_Event):

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
@@ -27,6 +28,31 @@ class ChatMessage(BaseModel):
     content: str
     tool_calls: tuple[ToolCall, ...] = ()
     tool_call_id: str | None = None
+
+    def template_form(self) -> dict[str, Any]:
+        """The turn as chat templates take it, for the worker's tokenizer and the API's count
+        alike: Hugging Face's convention has a tool call's `arguments` as an object (Qwen2's
+        template writes it with `tojson`)."""
+        turn: dict[str, Any] = {"role": self.role, "content": self.content}
+        if self.tool_calls:
+            turn["tool_calls"] = [
+                {
+                    "id": call.id,
+                    "type": "function",
+                    "function": {"name": call.name, "arguments": _arguments(call.arguments)},
+                }
+                for call in self.tool_calls
+            ]
+        if self.tool_call_id is not None:
+            turn["tool_call_id"] = self.tool_call_id
+        return turn
+
+
+def _arguments(text: str) -> Any:
+    try:
+        return json.loads(text)
+    except ValueError:
+        return text
 
 
 class FunctionTool(BaseModel):
@@ -84,8 +110,16 @@ class GenerationRequest(BaseModel):
     logprobs: int | None = None
     #: A JSON schema (as JSON text) the output must match, enforced while decoding.
     json_schema: str | None = None
-    #: With `json_schema`: the output is one tool call, `<tool_call>` + the JSON document +
-    #: `</tool_call>` (a forced `tool_choice`), instead of the bare document.
+    #: With `json_schema`: the output is one tool call (a forced `tool_choice`), as the model's
+    #: tool-call parser reads it: `<tool_call>` + the JSON document + `</tool_call>`, or for
+    #: the `json` parser the bare document (`TOKENRELAY_TOOL_CALL_PARSER` of the worker).
     tool_call: bool = False
     #: The functions the chat template offers the model.
     tools: tuple[FunctionTool, ...] = ()
+    #: Drop the oldest turns of a chat over the context window (`shared.truncation`): None
+    #: follows `TOKENRELAY_TRUNCATE_MESSAGES`; the Responses API's `truncation` sets it.
+    truncate: bool | None = None
+
+    def truncating(self, default: bool) -> bool:
+        """Whether this chat is truncated, where `default` is the setting's choice."""
+        return default if self.truncate is None else self.truncate

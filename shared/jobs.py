@@ -42,12 +42,18 @@ class JobField(StrEnum):
     CANCEL_REQUESTED = "cancel_requested"
     PROMPT_TOKENS = "prompt_tokens"
     COMPLETION_TOKENS = "completion_tokens"
+    CACHED_TOKENS = "cached_tokens"
     FINISH_REASON = "finish_reason"
     ERROR_TYPE = "error_type"
     ERROR_MESSAGE = "error_message"
     WEBHOOK = "webhook"
     WEBHOOK_EVENTS = "webhook_events"
     READER = "reader"
+    ATTEMPT = "attempt"
+    PAST_WORKERS = "past_workers"
+    MAX_ATTEMPTS = "max_attempts"
+    REQUEUE_MS = "requeue_ms"
+    SEAM_SEQ = "seam_seq"
 
 
 def error_fields(error: Error) -> dict[str, str]:
@@ -76,6 +82,12 @@ class JobRecord(BaseModel):
     webhook_events_filter: list[str] | None = Field(
         default=None, description="The transitions delivered to `webhook`"
     )
+    attempts: int = Field(
+        default=1, description="How many workers have started the job: 1 unless it was continued"
+    )
+    workers: list[str] = Field(
+        default_factory=list, description="The workers that ran the job, in order"
+    )
 
     @classmethod
     def from_redis(cls, job_id: str, fields: dict[str, str], text: str) -> JobRecord:
@@ -88,6 +100,7 @@ class JobRecord(BaseModel):
                 prompt_tokens=int(prompt),
                 completion_tokens=int(completion),
                 total_tokens=int(prompt) + int(completion),
+                cached_tokens=int(fields.get(JobField.CACHED_TOKENS, 0)),
             )
         webhook_events = fields.get(JobField.WEBHOOK_EVENTS)
         error = None
@@ -108,7 +121,19 @@ class JobRecord(BaseModel):
             finished_at=_float_or_none(fields.get(JobField.FINISHED_AT)),
             webhook=fields.get(JobField.WEBHOOK),
             webhook_events_filter=webhook_events.split(",") if webhook_events else None,
+            attempts=int(fields.get(JobField.ATTEMPT, 1)),
+            workers=_workers(fields),
         )
+
+
+def _workers(fields: dict[str, str]) -> list[str]:
+    """The workers that ran the job: those of its earlier attempts (`PAST_WORKERS`, joined by
+    commas by the reaper that continued it), then the one running or ending it."""
+    past = fields.get(JobField.PAST_WORKERS)
+    workers = past.split(",") if past else []
+    if current := fields.get(JobField.WORKER):
+        workers.append(current)
+    return workers
 
 
 def _float_or_none(value: str | None) -> float | None:

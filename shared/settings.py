@@ -13,6 +13,13 @@ from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
 DEFAULT_MODEL = "Qwen/Qwen2-0.5B-Instruct"
 DEMO_MODEL_NAME = "tokenrelay-demo"
+#: What `--demo` of `tokenrelay serve` and `tokenrelay worker` accepts (`worker.devmodels.demo`):
+#: the flag alone means `auto`.
+DEMO_CHOICES = ("auto", "qwen2.5-coder", "tiny")
+#: How the API reads tool calls out of a model's replies (`api.openai.tool_calls`): `qwen`
+#: (vLLM calls the same format `hermes`) for `<tool_call>` tags, `json` for a reply that is
+#: one JSON call, bare or in a ```json block.
+ToolCallParserName = Literal["qwen", "hermes", "json"]
 WEBHOOK_SECRET_PREFIX = "whsec_"
 WEBHOOK_SECRET_BYTES = (24, 64)
 
@@ -50,6 +57,7 @@ class Settings(BaseSettings):
     api_redis_timeout_s: float = Field(default=5.0, ge=2.0)
     model: str = DEFAULT_MODEL
     served_model_name: str = ""
+    tool_call_parser: ToolCallParserName = "qwen"
     max_inflight: int = Field(default=64, ge=1)
     max_queue_wait_s: float = Field(default=60.0, gt=0)
     lease_ttl_s: float = Field(default=15.0, ge=1.0)
@@ -73,9 +81,12 @@ class Settings(BaseSettings):
     docs_enabled: bool = True
     console_enabled: bool = True
     worker_drain_s: float = Field(default=60.0, ge=0)
+    job_max_attempts: int = Field(default=3, ge=1)
     worker_concurrency: int = Field(default=8, ge=1)
     worker_max_batch_tokens: int = Field(default=32_768, ge=16)
     worker_max_prefill_tokens: int = Field(default=2048, ge=16)
+    prefix_cache_bytes: int = Field(default=1_073_741_824, ge=0)
+    prefix_cache_block_tokens: int = Field(default=16, ge=1, le=4096)
     vllm_cpu_max_model_len: int = Field(default=4096, ge=16)
     flush_interval_ms: float = Field(default=50.0, ge=0)
     engine: Literal["transformers", "vllm", "synthetic"] = "transformers"
@@ -84,6 +95,8 @@ class Settings(BaseSettings):
     synthetic_first_token_ms: float = Field(default=0.0, ge=0)
     synthetic_lockstep: bool = True
     log_prompts: bool = False
+    log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = "INFO"
+    log_format: Literal["text", "json"] = "text"
     truncate_messages: bool = False
     cache_dir: str = "~/.cache/tokenrelay"
     device: Literal["auto", "cpu", "cuda"] = "auto"
@@ -102,6 +115,7 @@ class Settings(BaseSettings):
     batch_max_inflight_share: float = Field(default=0.5, gt=0, le=1)
     batch_line_max_attempts: int = Field(default=3, ge=1)
     batch_lease_s: float = Field(default=10.0, ge=1.0)
+    responses_ttl_s: int = Field(default=2_592_000, ge=60)
 
     @field_validator("api_keys", "admin_api_keys", mode="before")
     @classmethod
@@ -128,6 +142,16 @@ class Settings(BaseSettings):
                 )
             sentinels.append((host.strip("[]"), int(port)))
         return sentinels
+
+    @field_validator("log_level", mode="before")
+    @classmethod
+    def _upper_case(cls, value: object) -> object:
+        return value.upper() if isinstance(value, str) else value
+
+    @field_validator("log_format", mode="before")
+    @classmethod
+    def _lower_case(cls, value: object) -> object:
+        return value.lower() if isinstance(value, str) else value
 
     @field_validator("redis_sentinel_password", mode="before")
     @classmethod

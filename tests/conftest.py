@@ -5,7 +5,9 @@ Tests live in folders by what they start, and the folder is the marker (never wr
 hand): `unit` (no process, no Redis), `integration` (a real Redis, an in-process app or
 engine), `e2e` (spawned API and worker processes, sentinels, clusters, browsers), `lint`
 (the static checks: ruff, mypy, import contracts, the docs build) and `deploy` (the
-deployment files, through offline validators). `pytest -m "not e2e"` is the fast lane.
+deployment files, through offline validators). `pytest -m "not e2e"` is the fast lane. A
+subfolder adds its own marker (registered in pyproject.toml): `e2e/real_model/` holds the
+tests on the demo's real model, `real_model`.
 """
 
 from __future__ import annotations
@@ -29,12 +31,15 @@ COST_FOLDERS = ("unit", "integration", "e2e", "lint", "deploy")
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """Mark each test with its folder's cost; a test outside those folders is an error."""
+    """Mark each test with its folder's cost, and with its subfolder's name where it lives
+    in one (`e2e/real_model/`: `real_model`); a test outside those folders is an error."""
     for item in items:
-        folder = item.path.relative_to(TESTS).parts[0]
+        folder, *subfolders = item.path.relative_to(TESTS).parent.parts or ("",)
         if folder not in COST_FOLDERS:
             raise pytest.UsageError(f"{item.nodeid}: tests live in one of {COST_FOLDERS}")
         item.add_marker(folder)
+        for subfolder in subfolders:
+            item.add_marker(subfolder)
 
 
 @pytest.fixture(scope="session")

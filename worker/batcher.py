@@ -73,7 +73,10 @@ class BatchJob:
     matcher: StopStringMatcher
     log: JobLog
     completion_tokens: int = 0
+    #: Prompt tokens the engine took from its prefix cache (`TokenOutput.cached_tokens`).
+    cached_tokens: int = 0
     unsent_tokens: int = 0
+    unsent_ids: list[int] = field(default_factory=list)
     unsent_text: str = ""
     unsent_logprobs: list[TokenLogprob] = field(default_factory=list)
     finish_reason: Literal["stop", "length"] | None = None
@@ -212,9 +215,11 @@ class Batcher:
             if job is None:
                 continue
             text = ""
+            job.cached_tokens += output.cached_tokens
             if output.token_id is not None:
                 job.completion_tokens += 1
                 job.unsent_tokens += 1
+                job.unsent_ids.append(output.token_id)
                 text = job.matcher.feed(job.decoder.step(output.token_id))
                 if output.logprob is not None:
                     job.unsent_logprobs.append(self._logprob(output.token_id, output.logprob))
@@ -252,10 +257,11 @@ class Batcher:
         chunk = TokenChunk(
             text=job.unsent_text,
             tokens=job.unsent_tokens,
+            token_ids=job.unsent_ids,
             logprobs=job.unsent_logprobs if job.params.logprobs is not None else None,
         )
         job.log.add(chunk.to_wire(), job.unsent_text)
-        job.unsent_text, job.unsent_tokens = "", 0
+        job.unsent_text, job.unsent_tokens, job.unsent_ids = "", 0, []
         job.unsent_logprobs = []
 
     def _logprob(self, token_id: int, logprob: Logprob) -> TokenLogprob:

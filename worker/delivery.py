@@ -38,17 +38,26 @@ FIRST_SEQ = 1
 
 @dataclass(eq=False)
 class JobLog:
-    """One running job's events from `FIRST_SEQ` on; Redis holds every seq below `acked`."""
+    """One running job's events from `first_seq` on; Redis holds every seq below `acked`.
+
+    A continuation (the job's earlier worker was lost: docs/operations/failure-behaviour.md)
+    numbers its events from the seq after its own Started event, and its text begins with
+    the text the earlier attempts delivered (`prior_text`)."""
 
     job_id: str
     #: Where its token events go, if not on its own channel (`plane_scripts.reader_channel`).
     reader_channel: str | None = None
     events: list[tuple[str, str]] = field(default_factory=list)
+    first_seq: int = FIRST_SEQ
+    prior_text: str = ""
     acked: int = FIRST_SEQ
+
+    def __post_init__(self) -> None:
+        self.acked = max(self.acked, self.first_seq)
 
     @property
     def next_seq(self) -> int:
-        return FIRST_SEQ + len(self.events)
+        return self.first_seq + len(self.events)
 
     @property
     def complete(self) -> bool:
@@ -60,18 +69,19 @@ class JobLog:
 
     @property
     def text(self) -> str:
-        """The job's text: every event's, in order (FINISH stores it)."""
-        return "".join(text for _, text in self.events)
+        """The job's text: every event's, in order, after the earlier attempts' (FINISH
+        stores it)."""
+        return self.prior_text + "".join(text for _, text in self.events)
 
     def unacked(self) -> list[plane_scripts.EmitItem]:
         return [
-            (self.job_id, seq, self.events[seq - FIRST_SEQ][0])
+            (self.job_id, seq, self.events[seq - self.first_seq][0])
             for seq in range(self.acked, self.next_seq)
         ]
 
     def resend_all(self) -> None:
         """Redis lost some acknowledged events: send them all again (EMIT skips the rest)."""
-        self.acked = FIRST_SEQ
+        self.acked = self.first_seq
 
 
 class Courier:

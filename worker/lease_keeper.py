@@ -46,6 +46,7 @@ class LeaseKeeper:
         """`plane_scripts` run on the token plane's own Redis, where it has one: the lease
         keeper closes there the logs of jobs ended here (`shared.redis.token_plane`)."""
         self._settings = settings
+        self._worker_name = worker_name
         self._client = client
         self._rq_connection = rq_connection
         self._register = job_scripts.register_worker(
@@ -84,7 +85,7 @@ class LeaseKeeper:
         if job_ids:
             sent_at = time.monotonic()
             reply = job_scripts.parse_renew(
-                self._scripts.run(job_scripts.renew(self._settings, job_ids))
+                self._scripts.run(job_scripts.renew(self._settings, job_ids, self._worker_name))
             )
             renewed = [job_id for job_id in job_ids if job_id not in reply.lost]
             self._active.lease_renewed(renewed, sent_at, self._settings.lease_ttl_s)

@@ -7,18 +7,22 @@ import sys
 import threading
 import time
 import uuid
+from collections.abc import Callable
+from functools import partial
 
 import redis
 from rq.exceptions import StopRequested
 
+from tokenrelay.shared import log_config
 from tokenrelay.shared.redis import connect as redis_connect
 from tokenrelay.shared.redis import server_version as redis_version
 from tokenrelay.shared.redis.model_limits import LimitsPublisher
 from tokenrelay.shared.redis.rq_jobs import GENERATE_FUNCTION
 from tokenrelay.shared.redis.scripts import SyncScripts
-from tokenrelay.shared.settings import DEMO_MODEL_NAME, Settings
+from tokenrelay.shared.settings import Settings
 from tokenrelay.worker.active_jobs import ActiveJobs, StopReason
 from tokenrelay.worker.batcher import Batcher
+from tokenrelay.worker.engines.gguf import local_model
 from tokenrelay.worker.engines.protocol import Engine, ModelLoadError
 from tokenrelay.worker.engines.synthetic_engine import SyntheticEngine
 from tokenrelay.worker.failover_guard import FailoverGuard
@@ -43,8 +47,9 @@ answering (a frozen or partitioned primary never closes the connection), and the
 reconnects to the primary the sentinels name; 10 s above RQ's dequeue wait, as RQ sets it."""
 
 
-def build_engine(settings: Settings, arrivals: threading.Event) -> Engine:
-    """The engine `settings` name; `arrivals` is the batcher's (`Batcher.submit` sets it)."""
+def build_engine(settings: Settings, arrivals: threading.Event, model: Callable[[], str]) -> Engine:
+    """The engine `settings` name; `arrivals` is the batcher's (`Batcher.submit` sets it);
+    `model` gives the directory or hub id to load (it may convert or build one first)."""
     if settings.engine == "synthetic":
         log.warning("synthetic engine: tokens are placeholders, for benchmarks only")
         return SyntheticEngine(
@@ -53,11 +58,12 @@ def build_engine(settings: Settings, arrivals: threading.Event) -> Engine:
             settings.synthetic_lockstep,
             arrivals,
         )
+    model_name = model()
     if settings.engine == "vllm":
         from tokenrelay.worker.engines.vllm_engine import VllmEngine
 
         return VllmEngine(
-            settings.model,
+            model_name,
             settings.device,
             settings.dtype,
             settings.worker_max_prefill_tokens,
@@ -67,13 +73,13 @@ def build_engine(settings: Settings, arrivals: threading.Event) -> Engine:
     from tokenrelay.worker.engines.transformers_engine import TransformersEngine
 
     return TransformersEngine(
-        settings.model, settings.device, settings.dtype, settings.worker_max_prefill_tokens
+        model_name,
+        settings.device,
+        settings.dtype,
+        settings.worker_max_prefill_tokens,
+        prefix_cache_bytes=settings.prefix_cache_bytes,
+        prefix_block_tokens=settings.prefix_cache_block_tokens,
     )
-
-
-def _demo_shape(settings: Settings) -> str:
-    """vLLM's CPU attention needs a head size of at least 32, which "tiny" (16) lacks."""
-    return "tiny-h32" if settings.engine == "vllm" else "tiny"
 
 
 def _deregister(worker: ConcurrentWorker) -> bool:
@@ -87,9 +93,10 @@ def _deregister(worker: ConcurrentWorker) -> bool:
     return True
 
 
-def run_worker(settings: Settings, *, demo: bool = False) -> int:
-    """Run until stopped (SIGTERM/SIGINT: finish the current job, then exit 0)."""
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
+def run_worker(settings: Settings, *, demo: str | None = None) -> int:
+    """Run until stopped (SIGTERM/SIGINT: finish the current job, then exit 0); `demo`, one
+    of `devmodels.demo.DEMO_CHOICES`, serves the offline demo model."""
+    log_config.configure(settings.log_level, settings.log_format)
     connector = redis_connect.RedisConnector(settings)
     try:
         with connector.sync_client() as client:
@@ -97,15 +104,19 @@ def run_worker(settings: Settings, *, demo: bool = False) -> int:
     except redis_version.RedisTooOld as exc:
         print(f"tokenrelay worker: {exc}", file=sys.stderr)
         return EXIT_REDIS_TOO_OLD
+    model: Callable[[], str] = partial(local_model, settings.model, settings.cache_dir)
     if demo:
-        from tokenrelay.worker.devmodels.demo import ensure_demo_model
+        from tokenrelay.worker.devmodels.demo import NOT_INSTALLED, DemoModel
 
-        settings = settings.model_copy(
-            update={
-                "model": str(ensure_demo_model(settings.cache_dir, _demo_shape(settings))),
-                "served_model_name": settings.served_model_name or DEMO_MODEL_NAME,
-            }
-        )
+        try:
+            chosen = DemoModel.choose(demo)
+        except ModelLoadError as exc:
+            print(f"tokenrelay worker: {exc}", file=sys.stderr)
+            return EXIT_MODEL_UNAVAILABLE
+        if chosen.fell_back:
+            log.warning(NOT_INSTALLED)
+        settings = chosen.apply(settings)
+        model = partial(chosen.directory, settings)
     name = f"tokenrelay-{uuid.uuid4().hex[:12]}"
     # Bounded pools: the job threads (up to `worker_concurrency`) share them, so a worker's
     # connections stay within twice `TOKENRELAY_WORKER_REDIS_POOL_SIZE` whatever it runs
@@ -133,16 +144,16 @@ def run_worker(settings: Settings, *, demo: bool = False) -> int:
     plane_scripts = redis_scripts if plane_client is None else SyncScripts(plane_client)
     arrivals = threading.Event()
     batcher = Batcher(
-        lambda: build_engine(settings, arrivals), plane_scripts, settings, active, arrivals
+        lambda: build_engine(settings, arrivals, model), plane_scripts, settings, active, arrivals
     )
     try:
         engine = batcher.start()
     except ModelLoadError as exc:
         print(
             f"tokenrelay worker: {exc}\n"
-            "Set TOKENRELAY_MODEL to a local model directory or a reachable hub id, "
-            "or run `tokenrelay serve --demo` (or `tokenrelay worker --demo`) for an offline "
-            "demo with a tiny built-in model.",
+            "Set TOKENRELAY_MODEL to a local model directory, a GGUF file or a reachable hub "
+            "id, or run `tokenrelay serve --demo` (or `tokenrelay worker --demo`) for the "
+            "offline demo model.",
             file=sys.stderr,
         )
         return EXIT_MODEL_UNAVAILABLE
@@ -175,6 +186,8 @@ def run_worker(settings: Settings, *, demo: bool = False) -> int:
         engine.max_context_tokens,
         settings.worker_max_batch_tokens,
         engine.tokenizer_json(),
+        engine.chat_template(),
+        settings.tool_call_parser,
     )
     keeper = LeaseKeeper(settings, scripts_client, connection, active, name, limits, plane_scripts)
     drain = threading.Timer(
@@ -195,11 +208,12 @@ def run_worker(settings: Settings, *, demo: bool = False) -> int:
     keeper.start()
     watch.start()
     log.info(
-        "worker %s serving %s on %s, up to %d jobs at once",
+        "worker %s serving %s on %s, up to %d jobs at once, tool-call parser %s",
         name,
         settings.model_id,
         engine.device,
         settings.worker_concurrency,
+        settings.tool_call_parser,
     )
     try:
         while not stopping.is_set():
@@ -213,7 +227,7 @@ def run_worker(settings: Settings, *, demo: bool = False) -> int:
                 start_signal=start_signal,
             )
             try:
-                worker.work(logging_level="INFO")
+                worker.work(logging_level=None)  # the process's logging (`log_config`)
             except redis.RedisError as exc:
                 # Connection, timeout, and a server that is no primary (READONLY) or still
                 # loading its data (LOADING): all wait for Redis to be usable again.

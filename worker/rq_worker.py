@@ -17,7 +17,8 @@ tests/test_rq_worker.py): `dequeue_job_and_maintain_ttl`, `dequeue_timeout`,
 `set_state`/`_state`, `last_heartbeat`, `request_stop`/`_stop_requested`, `teardown`,
 `executions`, `BaseDeathPenalty`, `handle_execution_ended`, `handle_job_success`
 (replaced: `_record_success`), `increment_successful_job_count`,
-`increment_total_working_time`, `cleanup_execution`, `handle_job_failure`.
+`increment_total_working_time`, `cleanup_execution`, `handle_job_failure`, `handle_exception`
+(replaced for a client's mistake: one line, no traceback).
 """
 
 from __future__ import annotations
@@ -42,6 +43,7 @@ from rq.timeouts import JobTimeoutException
 from rq.utils import now, utcformat
 from rq.worker import SimpleWorker, WorkerStatus
 
+from tokenrelay.shared.errors import TokenrelayError
 from tokenrelay.shared.redis.rq_jobs import worker_queues
 from tokenrelay.worker.job_timeouts import WatchdogDeathPenalty
 from tokenrelay.worker.retry import retry_until
@@ -359,6 +361,17 @@ class ConcurrentWorker(SimpleWorker):
             pipe.expire(job.key, result_ttl)
             self.cleanup_execution(job, pipeline=pipe, execution=execution)
             pipe.execute()
+
+    def handle_exception(self, job: Job, *exc_info: Any) -> None:
+        """RQ logs a failed job at ERROR with its traceback. A job refused for what its
+        request asks (a 4xx: a prompt over the context window, a schema it cannot follow) is
+        the client's mistake, not the worker's: one INFO line with the job id instead. RQ
+        still records the failure (`handle_job_failure`)."""
+        error = exc_info[1] if len(exc_info) > 1 else None
+        if isinstance(error, TokenrelayError) and error.status_code < 500:
+            log.info("job %s refused: %s: %s", job.id, error.error_type, error.message)
+            return
+        super().handle_exception(job, *exc_info)
 
     def handle_job_failure(self, *args: Any, **kwargs: Any) -> None:
         _until_redis_answers(

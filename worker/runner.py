@@ -8,6 +8,11 @@ completed is finished, never reaped, while its worker lives. Where the token pla
 of its own, START is followed by OPEN there (the log's Started event) and FINISH preceded by
 CLOSE (final event, text); each of these is a no-op when resent.
 
+A job its earlier worker did not end (lost, or handed over on stop) starts here as a
+continuation: START returns what its log delivered, and the job prefills it after the prompt
+and generates the rest (`worker.continuation`). FINISH names this worker, so a worker that
+was thought dead and comes back ends nothing of a job another worker now runs.
+
 Across a Sentinel failover (`FailoverGuard`): a start or an end that would not survive it
 is made again on the new primary (an end with the events that primary lacks), and a job
 that ran here while the primary still holds it queued goes back to its queue; a job
@@ -41,6 +46,7 @@ from tokenrelay.shared.settings import Settings
 from tokenrelay.shared.truncation import truncate_oldest
 from tokenrelay.worker.active_jobs import ActiveJobs, StopReason
 from tokenrelay.worker.batcher import Batcher, BatchJob
+from tokenrelay.worker.continuation import Delivered
 from tokenrelay.worker.delivery import Courier, JobLog
 from tokenrelay.worker.engines.protocol import Engine, SamplingParams
 from tokenrelay.worker.failover_guard import FailoverGuard
@@ -98,7 +104,7 @@ class JobRunner:
         reader: str | None = request.get(READER_KEY)
         if parsed.prompt is not None:
             prompt_ids = self._engine.encode_prompt(parsed.prompt)
-        elif self._settings.truncate_messages:
+        elif parsed.truncating(self._settings.truncate_messages):
             budget = self._limits().tokens_per_job - parsed.max_tokens
             _, prompt_ids = truncate_oldest(
                 parsed.messages,
@@ -112,63 +118,70 @@ class JobRunner:
             log.warning("job %s dequeued again while it runs here; not started twice", job_id)
             return {"status": JobStatus.RUNNING}
         try:
-            status = self._start(job_id, started.to_wire())
-            if status != JobStatus.RUNNING:
-                log.info("job %s not started: %s", job_id, status)
-                return {"status": str(status)}
-            return {"status": self._run_started(job_id, parsed, prompt_ids, reader)}
+            reply = self._start(job_id, started.to_wire())
+            if reply.status != JobStatus.RUNNING:
+                log.info("job %s not started: %s", job_id, reply.status)
+                return {"status": str(reply.status)}
+            return {"status": self._run_started(job_id, parsed, prompt_ids, reader, reply)}
         except _GivenBack:
             return {"status": JobStatus.QUEUED}
         finally:
             self._active.remove(job_id)
 
-    def _start(self, job_id: str, started_event: str) -> Any:
+    def _start(self, job_id: str, started_event: str) -> job_scripts.StartReply:
         call = job_scripts.start(self._settings, job_id, self._worker_name, started_event)
         open_log = None
         if not self._settings.token_plane_shared:
             open_log = plane_scripts.open_log(self._settings, job_id, started_event)
         give_up_at = time.monotonic() + self._settings.lease_ttl_s
 
-        def start_once() -> tuple[Any, bool]:
-            status, holds = self._guard.apply(
-                lambda client: self._scripts.run(call, client),
-                lambda status: bool(status == JobStatus.RUNNING),
+        def start_once() -> tuple[job_scripts.StartReply, bool]:
+            reply, holds = self._guard.apply(
+                lambda client: job_scripts.parse_start(self._scripts.run(call, client)),
+                lambda reply: reply.status == JobStatus.RUNNING,
             )
-            if status == JobStatus.RUNNING and open_log is not None:
+            if reply.status == JobStatus.RUNNING and open_log is not None:
                 self._plane_scripts.run(open_log)
-            return status, holds
+            return reply, holds
 
         backoff = Backoff()
         while True:
             sent_at = time.monotonic()
-            status, holds = retry_until(
+            reply, holds = retry_until(
                 start_once, give_up_at=give_up_at, what=f"START of job {job_id}"
             )
-            if status == JobStatus.RUNNING:
+            if reply.status == JobStatus.RUNNING:
                 self._active.lease_renewed([job_id], sent_at, self._settings.lease_ttl_s)
             if not holds and time.monotonic() < give_up_at:
                 log.warning("job %s started on a primary that failed over; again", job_id)
                 backoff.sleep()
                 continue  # on the new primary, which the process's clients now reach
-            return status
+            return reply
 
     def _run_started(
-        self, job_id: str, request: GenerationRequest, prompt_ids: list[int], reader: str | None
+        self,
+        job_id: str,
+        request: GenerationRequest,
+        prompt_ids: list[int],
+        reader: str | None,
+        reply: job_scripts.StartReply,
     ) -> str:
-        fresh_log = JobLog(job_id, plane_scripts.reader_channel(self._settings, reader))
+        channel = plane_scripts.reader_channel(self._settings, reader)
+        fresh_log = JobLog(job_id, channel)
         job_log: JobLog | None = fresh_log
         try:
+            delivered = None
+            if reply.attempt > 1:
+                delivered = Delivered.from_log(reply.delivered)
+                fresh_log = job_log = delivered.job_log(job_id, channel)
+                log.info(
+                    "job %s continues here (attempt %d) after %d delivered tokens",
+                    job_id,
+                    reply.attempt,
+                    len(delivered.token_ids),
+                )
             self._check_fits(request, len(prompt_ids))
-            job = BatchJob(
-                job_id=job_id,
-                prompt_ids=prompt_ids,
-                params=self._sampling(request),
-                decoder=self._engine.new_decoder(),
-                matcher=StopStringMatcher(
-                    request.stop, include_stop=request.include_stop_str_in_output
-                ),
-                log=fresh_log,
-            )
+            job = self._batch_job(job_id, request, prompt_ids, fresh_log, delivered)
             self._batcher.submit(job)
             job_log = None  # the batcher's until the job leaves the batch
             job.taken.wait(_TAKE_WAIT_S)
@@ -186,6 +199,32 @@ class JobRunner:
             self._fail(job_id, job_log, failure)
             raise failure from exc
         return self._conclude(job, len(prompt_ids))
+
+    def _batch_job(
+        self,
+        job_id: str,
+        request: GenerationRequest,
+        prompt_ids: list[int],
+        job_log: JobLog,
+        delivered: Delivered | None,
+    ) -> BatchJob:
+        """The job as the batcher runs it; a continuation prefills the delivered tokens after
+        the prompt, generates only the rest, and counts them as completion tokens."""
+        params = self._sampling(request)
+        decoder = self._engine.new_decoder()
+        matcher = StopStringMatcher(request.stop, include_stop=request.include_stop_str_in_output)
+        if delivered is None:
+            return BatchJob(job_id, prompt_ids, params, decoder, matcher, job_log)
+        delivered.resume(decoder, matcher)
+        return BatchJob(
+            job_id,
+            prompt_ids + list(delivered.token_ids),
+            delivered.params(params),
+            decoder,
+            matcher,
+            job_log,
+            completion_tokens=len(delivered.token_ids),
+        )
 
     @staticmethod
     def _wait(job: BatchJob) -> None:
@@ -231,7 +270,12 @@ class JobRunner:
             logprobs=request.logprobs,
             grammar=None
             if request.json_schema is None
-            else self._engine.compile_grammar(request.json_schema, request.tool_call),
+            # A forced call as this model's tool-call parser reads it: inside `<tool_call>`
+            # tags, or the bare call object for the `json` parser.
+            else self._engine.compile_grammar(
+                request.json_schema,
+                request.tool_call and self._settings.tool_call_parser != "json",
+            ),
         )
 
     def _conclude(self, job: BatchJob, prompt_tokens: int) -> str:
@@ -242,25 +286,62 @@ class JobRunner:
             JobField.COMPLETION_TOKENS: job.completion_tokens,
         }
         reason = self._active.stop_reason(job.job_id)
+        if job.finish_reason is None and reason == StopReason.SHUTDOWN and self._hand_over(job):
+            return JobStatus.QUEUED
         if job.finish_reason is None and reason is not None:
             status, error = _STOPPED[reason]
             fields |= error_fields(error)
             if not self._finish(job.job_id, job.log, status, fields, error):
-                raise WorkerLost(WorkerLost.LEASE_EXPIRED_MESSAGE)
+                raise self._lost(job.job_id)
             if status == JobStatus.FAILED:
                 raise WorkerLost(error.message)
             return status
         finish_reason = job.finish_reason or "stop"
+        cached_tokens = min(job.cached_tokens, prompt_tokens)
+        fields[JobField.CACHED_TOKENS] = cached_tokens
         usage = Usage(
             prompt_tokens=prompt_tokens,
             completion_tokens=job.completion_tokens,
             total_tokens=prompt_tokens + job.completion_tokens,
+            cached_tokens=cached_tokens,
         )
-        done = Done(finish_reason=finish_reason, usage=usage)
+        done = Done(finish_reason=finish_reason, usage=usage, stop_sequence=job.matcher.matched)
         fields[JobField.FINISH_REASON] = finish_reason
         if not self._finish(job.job_id, job.log, JobStatus.SUCCEEDED, fields, done):
-            raise WorkerLost(WorkerLost.LEASE_EXPIRED_MESSAGE)
+            raise self._lost(job.job_id)
         return JobStatus.SUCCEEDED
+
+    def _hand_over(self, job: BatchJob) -> bool:
+        """Hand a job this stopping worker still runs back to the front of its queue, to
+        continue on another worker, once Redis holds every event it generated (retried while
+        its lease holds); whether it did (else the job ends as before: attempts used up, a
+        token plane of its own, or Redis out of reach)."""
+        if not self._settings.token_plane_shared:
+            return False
+        self._active.ending(job.job_id)
+        backoff = Backoff()
+        while not (self._courier.send([job.log]) and job.log.complete):
+            if not self._active.lease_valid(job.job_id):
+                return False
+            backoff.sleep()
+        try:
+            handed = self._scripts.run(
+                job_scripts.hand_over(self._settings, job.job_id, self._worker_name)
+            )
+        except RedisError as exc:
+            log.warning("job %s could not be handed over: %s", job.job_id, exc)
+            return False
+        if handed == 1:
+            log.info("job %s handed over to continue on another worker", job.job_id)
+        return bool(handed == 1)
+
+    @staticmethod
+    def _lost(job_id: str) -> WorkerLost:
+        """What this run of a job raises when Redis took nothing of its end: the reaper ended
+        the job, or continued it elsewhere, once its lease ran out (a worker that was paused,
+        say); its events past that point were refused."""
+        log.warning("job %s was ended or continued elsewhere; this run of it is dropped", job_id)
+        return WorkerLost(WorkerLost.LEASE_EXPIRED_MESSAGE)
 
     def _fail(self, job_id: str, job_log: JobLog | None, exc: TokenrelayError) -> None:
         error = Error(error_type=exc.error_type, message=exc.message)
@@ -287,11 +368,12 @@ class JobRunner:
             close_log = plane_scripts.close_log(self._settings, job_id, wire, final_seq, text)
 
         def finish_call() -> scripts.ScriptCall:
+            worker = self._worker_name
             if not carried:
-                return job_scripts.finish(self._settings, job_id, status, fields, "")
+                return job_scripts.finish(self._settings, job_id, status, fields, "", worker=worker)
             unsent = [] if job_log is None else job_log.unacked()
             return job_scripts.finish(
-                self._settings, job_id, status, fields, wire, final_seq, text, unsent
+                self._settings, job_id, status, fields, wire, final_seq, text, unsent, worker
             )
 
         backoff = Backoff()

@@ -20,6 +20,8 @@ class StopStringMatcher:
         self._include_stop = include_stop
         self._held = ""
         self.stopped = False
+        #: The stop string that ended the text (the earliest in it), once `stopped`.
+        self.matched: str | None = None
 
     def feed(self, text: str) -> str:
         """Add newly decoded text; return what is safe to send now.
@@ -29,9 +31,9 @@ class StopStringMatcher:
         if self.stopped:
             return ""
         pending = self._held + text
-        found = [(i, i + len(s)) for s in self._stops if (i := pending.find(s)) >= 0]
+        found = [(i, i + len(s), s) for s in self._stops if (i := pending.find(s)) >= 0]
         if found:
-            start, end = min(found)
+            start, end, self.matched = min(found)
             self.stopped = True
             self._held = ""
             return pending[: end if self._include_stop else start]

@@ -17,7 +17,9 @@ from tokenrelay.api.openai.schema import (
     Completion,
     CompletionChoice,
     CompletionRequest,
+    CompletionUsage,
 )
+from tokenrelay.api.responses.batch_lines import line_generation, line_response
 from tokenrelay.shared.errors import InvalidRequest, TokenrelayError, from_type
 from tokenrelay.shared.events import Usage
 from tokenrelay.shared.generation import GenerationRequest
@@ -77,6 +79,8 @@ def generation(body: dict[str, Any], endpoint: str, settings: Settings) -> Gener
     try:
         if endpoint == "/v1/chat/completions":
             return ChatCompletionRequest.model_validate(body).to_generation(settings)
+        if endpoint == "/v1/responses":
+            return line_generation(body, settings)
         generations = CompletionRequest.model_validate(body).to_generations(settings)
     except ValidationError as exc:
         first = exc.errors()[0]
@@ -98,6 +102,13 @@ def generation(body: dict[str, Any], endpoint: str, settings: Settings) -> Gener
 def output_line(custom_id: str, endpoint: str, model: str, record: JobRecord) -> str:
     """The output file's line for a job that succeeded."""
     created = int(record.finished_at or time.time())
+    if endpoint == "/v1/responses":
+        response = {
+            "status_code": 200,
+            "request_id": record.id,
+            "body": line_response(record, model),
+        }
+        return _line(record.id, custom_id, response, None)
     body: ChatCompletion | Completion
     if endpoint == "/v1/chat/completions":
         choice = Choice(
@@ -108,7 +119,9 @@ def output_line(custom_id: str, endpoint: str, model: str, record: JobRecord) ->
             created=created,
             model=model,
             choices=[choice],
-            usage=record.usage or Usage(prompt_tokens=0, completion_tokens=0, total_tokens=0),
+            usage=CompletionUsage.of(
+                record.usage or Usage(prompt_tokens=0, completion_tokens=0, total_tokens=0)
+            ),
         )
     else:
         text_choice = CompletionChoice(
@@ -119,7 +132,7 @@ def output_line(custom_id: str, endpoint: str, model: str, record: JobRecord) ->
             created=created,
             model=model,
             choices=[text_choice],
-            usage=record.usage,
+            usage=None if record.usage is None else CompletionUsage.of(record.usage),
         )
     response = {"status_code": 200, "request_id": record.id, "body": body.model_dump(mode="json")}
     return _line(record.id, custom_id, response, None)

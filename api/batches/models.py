@@ -11,7 +11,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from tokenrelay.api.webhooks.policy import MAX_URL_LENGTH
 
-ENDPOINTS = ("/v1/chat/completions", "/v1/completions")
+ENDPOINTS = ("/v1/chat/completions", "/v1/completions", "/v1/responses")
 MAX_METADATA_PAIRS = 16
 
 
@@ -77,7 +77,7 @@ class BatchCreate(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     input_file_id: str = Field(max_length=64)
-    endpoint: Literal["/v1/chat/completions", "/v1/completions"]
+    endpoint: Literal["/v1/chat/completions", "/v1/completions", "/v1/responses"]
     completion_window: Literal["24h"]
     metadata: dict[str, str] | None = Field(
         default=None, max_length=MAX_METADATA_PAIRS, description="Up to 16 key-value pairs"

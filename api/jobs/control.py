@@ -82,7 +82,8 @@ async def submit(
     if reader is not None:
         job_fields[JobField.READER] = reader
     request_log.note_generation(caller.owner, request)
-    await state.prompt_fit.check(request, truncating=state.settings.truncate_messages)
+    truncating = request.truncating(state.settings.truncate_messages)
+    await state.prompt_fit.check(request, truncating=truncating)
     moves = state.connector.primary_moves()
     admit = job_scripts.admit(
         settings,

@@ -11,9 +11,16 @@ tokenizer (Qwen's, GPT-2's) every byte of the text is in some token and no token
 more than the vocabulary's longest, so a text has at least `bytes / (longest * shrink)`
 tokens, where `shrink` is how much the normalizer can shorten the text (1 without one, 3 for
 NFC: Hangul jamo compose three to one). The rest are tokenized with the workers' own
-tokenizer (`tokenizers`), message contents only: the chat template only adds tokens, so the
-count, less one per text for a merge across a template boundary, is a lower bound. The
-worker still checks the exact count, template included.
+tokenizer (`tokenizers`), message contents only, a count that, less one per text for a merge
+across a template boundary, is a lower bound. To both bounds comes what the chat template
+adds where the workers publish it (`_template_tokens`: the markup, a default system prompt,
+the tools' text), so a short question with `max_tokens` near the context window, the common
+mistake, is refused here rather than by the worker after its wait in the queue. The worker
+still checks the exact count.
+
+`count` is exact instead: the prompt's tokens as the worker will count them, through the
+chat template the workers publish beside their tokenizer (`api.jobs.chat_template`), for
+`POST /v1/messages/count_tokens`.
 
 Tokenizing a long text takes memory in proportion (a 1 MB text of one character took an API
 process from 80 to 281 MB), so it runs on a dedicated pool of `TOKENIZER_THREADS` threads,
@@ -30,7 +37,7 @@ import ctypes.util
 import json
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import TypeVar
@@ -38,9 +45,11 @@ from typing import TypeVar
 import redis.asyncio
 from tokenizers import Encoding, Tokenizer
 
-from tokenrelay.shared.generation import GenerationRequest
+from tokenrelay.api.jobs.chat_template import ChatTemplateError, render_chat
+from tokenrelay.shared.errors import InvalidRequest, ModelUnavailable
+from tokenrelay.shared.generation import ChatMessage, GenerationRequest
 from tokenrelay.shared.redis import keys
-from tokenrelay.shared.redis.model_limits import ModelLimits
+from tokenrelay.shared.redis.model_limits import ChatTemplate, ModelLimits
 from tokenrelay.shared.redis.replies import as_text
 from tokenrelay.shared.truncation import always_kept
 
@@ -70,6 +79,8 @@ class PromptFit:
         self._limits: dict[str, tuple[float, ModelLimits | None]] = {}
         #: model → (tokenizer hash, the tokenizer, or None where it could not be loaded).
         self._tokenizers: dict[str, tuple[str, LoadedTokenizer | None]] = {}
+        #: model → (chat template hash, the template, or None where it could not be read).
+        self._templates: dict[str, tuple[str, ChatTemplate | None]] = {}
         self._loading = asyncio.Lock()
         self._executor = ThreadPoolExecutor(TOKENIZER_THREADS, thread_name_prefix="tokenizer")
 
@@ -81,20 +92,83 @@ class PromptFit:
         limits = await self._limits_of(request.model)
         if limits is None:
             return
+        where = "messages" if request.messages else "prompt"
         sizes = [len(text.encode()) for text in texts]
-        if sum(sizes) + len(sizes) + request.max_tokens <= limits.tokens_per_job:
+        markup = await self._template_tokens(request, messages, limits)
+        if sum(sizes) + 2 * len(sizes) + markup + request.max_tokens <= limits.tokens_per_job:
             return
+        # Each text may merge with the markup on either side of it: one token less per side.
+        markup = max(markup - len(texts), 0)
         loaded = await self._tokenizer(request.model, limits.tokenizer_sha256)
         if loaded is None:
+            limits.check_fits(markup, request.max_tokens, where, at_least=True)
             return
-        where = "messages" if request.messages else "prompt"
         if loaded.max_bytes_per_token is not None:
             per_token = loaded.max_bytes_per_token
             least = sum(max(-(-size // per_token) - 1, 0) for size in sizes)
-            limits.check_fits(least, request.max_tokens, where, at_least=True)
+            limits.check_fits(least + markup, request.max_tokens, where, at_least=True)
         encodings = await self._run(_encode_and_trim(loaded.tokenizer, texts))
         least = sum(max(len(encoding.ids) - 1, 0) for encoding in encodings)
-        limits.check_fits(least, request.max_tokens, where, at_least=True)
+        limits.check_fits(least + markup, request.max_tokens, where, at_least=True)
+
+    async def _template_tokens(
+        self, request: GenerationRequest, messages: Sequence[ChatMessage], limits: ModelLimits
+    ) -> int:
+        """The tokens the chat template adds around the messages' contents: its markup, a
+        default system prompt, the tools' names, descriptions and schemas, the calls of
+        assistant turns. It is the template rendered with every content left empty, which
+        one short tokenization counts; 0 for a raw prompt, and where the workers published
+        no template (or it cannot render this chat: the worker then decides)."""
+        if request.prompt is not None or not messages:
+            return 0
+        loaded = await self._tokenizer(request.model, limits.tokenizer_sha256)
+        template = await self._template(request.model, limits.chat_template_sha256)
+        if loaded is None or template is None:
+            return 0
+        skeleton = [message.model_copy(update={"content": ""}) for message in messages]
+        encode, tools = loaded.tokenizer.encode, request.tools
+
+        def count_ids() -> int:
+            text = render_chat(template, skeleton, tools)
+            return len(encode(text, add_special_tokens=False).ids)
+
+        try:
+            return await self._run(count_ids)
+        except ChatTemplateError:
+            return 0
+
+    async def count(self, request: GenerationRequest) -> int:
+        """The prompt's tokens as the worker will count them, chat template included (before
+        any truncation: `TOKENRELAY_TRUNCATE_MESSAGES` may drop turns the count includes).
+        Raises `ModelUnavailable` (503) until a worker of the model published its tokenizer
+        and chat template, `InvalidRequest` (400) where the template refuses the chat."""
+        limits = await self._limits_of(request.model)
+        tokenizer = template = None
+        if limits is not None:
+            tokenizer = await self._tokenizer(request.model, limits.tokenizer_sha256)
+            template = await self._template(request.model, limits.chat_template_sha256)
+        prompt = request.prompt
+        if tokenizer is None or (template is None and prompt is None):
+            raise ModelUnavailable(
+                f"no worker of model {request.model!r} has published its tokenizer and chat "
+                "template yet, so its prompts cannot be counted; retry once one runs",
+                param="model",
+            )
+        encode, messages, tools = tokenizer.tokenizer.encode, request.messages, request.tools
+
+        def count_ids() -> int:  # rendering a long chat takes a while too: not on the loop
+            text = prompt if prompt is not None else render_chat(template, messages, tools)
+            return len(encode(text, add_special_tokens=False).ids)
+
+        try:
+            return await self._run(count_ids)
+        except ChatTemplateError as exc:
+            raise InvalidRequest(str(exc), param="messages") from exc
+
+    async def limits(self, model: str) -> ModelLimits | None:
+        """What `model`'s workers published (read again every `LIMITS_REFRESH_S`); None
+        before any did."""
+        return await self._limits_of(model)
 
     def close(self) -> None:
         self._executor.shutdown(wait=False, cancel_futures=True)
@@ -129,6 +203,23 @@ class PromptFit:
                 log.warning("cannot load the tokenizer of model %r: %s", model, exc)
             self._tokenizers[model] = (sha256, loaded)
             return loaded
+
+    async def _template(self, model: str, sha256: str) -> ChatTemplate | None:
+        if not sha256:
+            return None
+        cached = self._templates.get(model)
+        if cached is not None and cached[0] == sha256:
+            return cached[1]
+        blob = await self._redis.get(keys.chat_template(sha256))
+        if blob is None:
+            return None
+        try:
+            template: ChatTemplate | None = ChatTemplate.model_validate_json(as_text(blob))
+        except ValueError as exc:  # a newer worker's format: no exact counts here
+            log.warning("cannot read the chat template of model %r: %s", model, exc)
+            template = None
+        self._templates[model] = (sha256, template)
+        return template
 
 
 def _load(text: str) -> LoadedTokenizer:

@@ -15,7 +15,7 @@ from collections.abc import Mapping
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from tokenrelay.api.errors import error_response
+from tokenrelay.api.errors import respond
 from tokenrelay.shared.errors import PayloadTooLarge
 
 
@@ -43,7 +43,7 @@ class BodySizeLimit:
             error = PayloadTooLarge(
                 f"the request body is {declared} bytes; the limit is {max_bytes} ({setting})"
             )
-            await error_response(error)(scope, receive, send)
+            await respond(scope, error)(scope, receive, send)
             return
         if declared is not None or scope["method"] in _BODILESS_METHODS:
             await self.app(scope, receive, send)
@@ -91,7 +91,7 @@ class _Guard:
         error = PayloadTooLarge(
             f"the request body exceeds the limit of {self._max_bytes} bytes ({self._setting})"
         )
-        await error_response(error)(scope, self._receive, self._send)
+        await respond(scope, error)(scope, self._receive, self._send)
 
 
 _BODILESS_METHODS = frozenset({"GET", "HEAD"})

@@ -11,15 +11,15 @@ logged as one line on the `tokenrelay.requests` logger:
      "job_id": "…", "key_id": "anonymous", "model": "tiny", "job_status": "succeeded",
      "prompt_tokens": 21, "completion_tokens": 8, "ttft_s": 0.041, "duration_s": 0.18, …}
 
-Prompt text is never logged unless `TOKENRELAY_LOG_PROMPTS` is set. Probes and `/metrics`
-log at DEBUG, everything else at INFO.
+Prompt text is never logged unless `TOKENRELAY_LOG_PROMPTS` is set. Probes, `/metrics` and
+polls (a request with the `POLL_HEADER`, as the console's refreshes of its views) log at DEBUG,
+everything else at INFO; `shared/log_config.py` formats the line (`TOKENRELAY_LOG_FORMAT`).
 """
 
 from __future__ import annotations
 
 import contextlib
 import contextvars
-import copy
 import json
 import logging
 import os
@@ -31,15 +31,19 @@ from typing import TYPE_CHECKING, Any
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from tokenrelay.api.middleware.request_id import request_id
+from tokenrelay.shared import log_config
 from tokenrelay.shared.generation import GenerationRequest
 
 if TYPE_CHECKING:
-    # Not at run time: `tokenrelay api` imports `uvicorn_log_config` from here before it sets
-    # PROMETHEUS_MULTIPROC_DIR, which prometheus-client reads when it is first imported.
+    # Not at run time: this module needs none of it, and prometheus-client reads
+    # PROMETHEUS_MULTIPROC_DIR when it is first imported, which `tokenrelay api` sets late.
     from tokenrelay.api.metrics import Metrics
 
-LOGGER_NAME = "tokenrelay.requests"
+LOGGER_NAME = log_config.REQUEST_LOGGER
 UNMATCHED = "unmatched"
+POLL_HEADER = "x-tokenrelay-poll"
+"""A request header that marks a periodic refresh (the console's views, `tokenrelay top`):
+its request is logged at DEBUG, so an open console tab does not fill the INFO log."""
 _QUIET_PATHS = frozenset({"/healthz", "/readyz", "/metrics"})
 _ERROR_BODY_MAX_BYTES = 8192
 
@@ -77,8 +81,8 @@ class RequestRecord:
     def since_arrival(self) -> float:
         return time.monotonic() - self.arrived
 
-    def line(self) -> str:
-        """The JSON log line; `prompt` only when prompts are logged."""
+    def fields(self) -> dict[str, Any]:
+        """The log line's fields; `prompt` only when prompts are logged."""
         fields: dict[str, Any] = {
             "ts": round(self.arrived_at, 3),
             "pid": os.getpid(),
@@ -101,7 +105,11 @@ class RequestRecord:
         }
         if self.log_prompts and self.prompt is not None:
             fields["prompt"] = self.prompt
-        return json.dumps(fields, ensure_ascii=False)
+        return fields
+
+    def line(self) -> str:
+        """The JSON log line."""
+        return json.dumps(self.fields(), ensure_ascii=False)
 
 
 _current: contextvars.ContextVar[RequestRecord | None] = contextvars.ContextVar(
@@ -200,9 +208,20 @@ class RequestLog:
             record.status = 500  # the app returned without a response (client gone)
         record.error_type = record.error_type or _error_type(bytes(record._error_body))
         self.metrics.count_request(record.method, record.endpoint, record.status, record.error_type)
-        level = logging.DEBUG if record.path in _QUIET_PATHS else logging.INFO
+        quiet = record.path in _QUIET_PATHS or _is_poll(scope)
+        level = logging.DEBUG if quiet else logging.INFO
         if log.isEnabledFor(level):
-            log.log(level, record.line())
+            fields = record.fields()
+            log.log(
+                level,
+                json.dumps(fields, ensure_ascii=False),
+                extra={log_config.REQUEST_FIELDS: fields},
+            )
+
+
+def _is_poll(scope: Scope) -> bool:
+    name = POLL_HEADER.encode()
+    return any(key == name for key, _ in scope.get("headers", ()))
 
 
 def _endpoint(scope: Scope) -> str:
@@ -225,22 +244,3 @@ def _error_type(body: bytes) -> str | None:
 
 def _ms(seconds: float | None) -> float | None:
     return round(seconds, 3) if seconds is not None else None
-
-
-def uvicorn_log_config() -> dict[str, Any]:
-    """uvicorn's logging config plus the request log: JSON lines on stdout at INFO."""
-    from uvicorn.config import LOGGING_CONFIG
-
-    config = copy.deepcopy(LOGGING_CONFIG)
-    config["formatters"]["tokenrelay_json"] = {"format": "%(message)s"}
-    config["handlers"]["tokenrelay_requests"] = {
-        "class": "logging.StreamHandler",
-        "formatter": "tokenrelay_json",
-        "stream": "ext://sys.stdout",
-    }
-    config["loggers"][LOGGER_NAME] = {
-        "handlers": ["tokenrelay_requests"],
-        "level": "INFO",
-        "propagate": False,
-    }
-    return config

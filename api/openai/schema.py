@@ -463,13 +463,36 @@ class Choice(BaseModel):
     logprobs: ChoiceLogprobs | None = None
 
 
+class PromptTokensDetails(BaseModel):
+    #: Prompt tokens whose KV the worker's prefix cache held: not prefilled again.
+    cached_tokens: int = 0
+
+
+class CompletionUsage(BaseModel):
+    """OpenAI's usage object (chat and completions), from a job's `Usage`."""
+
+    prompt_tokens: int
+    completion_tokens: int
+    total_tokens: int
+    prompt_tokens_details: PromptTokensDetails
+
+    @classmethod
+    def of(cls, usage: Usage) -> CompletionUsage:
+        return cls(
+            prompt_tokens=usage.prompt_tokens,
+            completion_tokens=usage.completion_tokens,
+            total_tokens=usage.total_tokens,
+            prompt_tokens_details=PromptTokensDetails(cached_tokens=usage.cached_tokens),
+        )
+
+
 class ChatCompletion(BaseModel):
     id: str
     object: Literal["chat.completion"] = "chat.completion"
     created: int
     model: str
     choices: list[Choice]
-    usage: Usage
+    usage: CompletionUsage
 
 
 class Delta(BaseModel):
@@ -498,7 +521,7 @@ class ChatCompletionChunk(BaseModel):
     created: int
     model: str
     choices: list[ChunkChoice]
-    usage: Usage | None = None
+    usage: CompletionUsage | None = None
 
 
 class ModelCard(BaseModel):
@@ -506,6 +529,12 @@ class ModelCard(BaseModel):
     object: Literal["model"] = "model"
     created: int
     owned_by: str = "tokenrelay"
+    tool_call_parser: str = Field(
+        description="tokenrelay's: how calls are read out of this model's replies when a "
+        "request offers `tools` (`TOKENRELAY_TOOL_CALL_PARSER` of its workers): `qwen` (or "
+        "its other name `hermes`) for `<tool_call>` tags, `json` for a reply that is one JSON "
+        "call, bare or fenced."
+    )
 
 
 class ModelList(BaseModel):
@@ -551,4 +580,4 @@ class Completion(BaseModel):
     created: int
     model: str
     choices: list[CompletionChoice]
-    usage: Usage | None = None
+    usage: CompletionUsage | None = None

@@ -1,182 +1,71 @@
-"""Tool calls out of a reply's text, whole or as it streams.
+"""Tool calls out of a reply's text, whole or as it streams, in the format of the model that
+wrote it: the tool-call parser is a named choice per model, as vLLM's `--tool-call-parser`
+is (`TOKENRELAY_TOOL_CALL_PARSER`, published by the model's workers, shown in `/v1/models`).
 
-The chat template asks the model for Qwen2's format, each call as
-`<tool_call>{"name": "...", "arguments": {...}}</tool_call>` (newlines around the JSON
-allowed), and `ToolCallParser` turns the text into OpenAI's pieces: content outside the
-calls, and for each call a start (index, id, function name) followed by fragments of its
-`arguments` text as they arrive. Text that could still become `<tool_call>` is held back,
-and so is each `}` of the arguments until more text shows it is not the call's closing
-brace. A call whose text is not that object is given back as content, as vLLM's Hermes
-parser does; one cut short by `max_tokens` keeps the arguments it had. Without
-`parallel_tool_calls`, everything after the first call is dropped.
+- `qwen` (vLLM's `hermes`; the default): calls inside `<tool_call>` tags, as Qwen2's chat
+  template asks (`tool_parsers.qwen`).
+- `json`: a reply that is exactly one JSON call, bare or in a ```json block, naming an
+  offered function (`tool_parsers.json_reply`), as Qwen2.5-Coder-0.5B-Instruct writes them.
+
+A format is never guessed from the text: a reply in another format is content.
 """
 
 from __future__ import annotations
 
-import json
-import re
-import secrets
-from dataclasses import dataclass, field
+from collections.abc import Iterable
 
+from tokenrelay.api.openai.tool_parsers.json_reply import JsonReplyToolCalls
+from tokenrelay.api.openai.tool_parsers.pieces import (
+    Arguments,
+    CallFormat,
+    CallStart,
+    Content,
+    Piece,
+)
+from tokenrelay.api.openai.tool_parsers.qwen import QwenToolCalls
 from tokenrelay.shared.generation import ToolCall
+from tokenrelay.shared.settings import ToolCallParserName
 
-OPEN = "<tool_call>"
-CLOSE = "</tool_call>"
-#: The start of a call, up to its arguments' first character, in the order Qwen2's template
-#: shows.
-_HEAD = re.compile(r'\s*\{\s*"name"\s*:\s*"([^"\\]+)"\s*,\s*"arguments"\s*:\s*(?=\S)')
+__all__ = ["Arguments", "CallStart", "Content", "Piece", "ToolCallParser", "parse_reply"]
 
 
-@dataclass(frozen=True)
-class Content:
-    text: str
-
-
-@dataclass(frozen=True)
-class CallStart:
-    index: int
-    id: str
-    name: str
-
-
-@dataclass(frozen=True)
-class Arguments:
-    index: int
-    text: str
-
-
-Piece = Content | CallStart | Arguments
-
-
-@dataclass
-class _Call:
-    id: str
-    name: str | None = None
-    #: Where the arguments start in the call's text, once its head was read.
-    arguments_at: int = 0
-    #: The arguments text sent so far.
-    arguments: str = ""
-
-
-@dataclass
 class ToolCallParser:
-    parallel: bool = True
-    calls: list[ToolCall] = field(default_factory=list)
-    _buffer: str = ""
-    _call: _Call | None = None
-    _closed: bool = False
+    """One reply's parser in the format `name`; `functions` are the offered ones (the `json`
+    format takes only a call of one of them). Without `parallel`, the `qwen` format drops
+    everything after the first call (the `json` one reads one call at most)."""
+
+    def __init__(
+        self,
+        parallel: bool = True,
+        *,
+        name: ToolCallParserName = "qwen",
+        functions: Iterable[str] = (),
+    ) -> None:
+        self.parallel = parallel
+        self.name = name
+        self._format: CallFormat = (
+            JsonReplyToolCalls(frozenset(functions)) if name == "json" else QwenToolCalls(parallel)
+        )
+
+    @property
+    def calls(self) -> list[ToolCall]:
+        """The calls completed so far."""
+        return self._format.calls
 
     def feed(self, text: str) -> list[Piece]:
         """The pieces `text` completes (possibly none: held back until more arrives)."""
-        self._buffer += text
-        pieces: list[Piece] = []
-        while not self._closed:
-            if self._call is None:
-                if not self._read_content(pieces):
-                    break
-            elif not self._read_call(pieces, self._call):
-                break
-        return pieces
+        return self._format.feed(text)
 
     def finish(self) -> list[Piece]:
         """The pieces held back at the end of the reply."""
-        pieces: list[Piece] = []
-        call, rest, self._buffer = self._call, self._buffer, ""
-        if self._closed:
-            return pieces
-        if call is None:
-            self._content(pieces, rest)
-        elif call.name is None:
-            self._content(pieces, OPEN + rest)
-        else:
-            self._send(pieces, call, rest[call.arguments_at :])
-            self._end_call(call)
-        return pieces
-
-    def _read_content(self, pieces: list[Piece]) -> bool:
-        at = self._buffer.find(OPEN)
-        if at < 0:
-            keep = _partial_suffix(self._buffer, OPEN)
-            self._content(pieces, self._buffer[: len(self._buffer) - keep])
-            self._buffer = self._buffer[len(self._buffer) - keep :]
-            return False
-        self._content(pieces, self._buffer[:at])
-        self._buffer = self._buffer[at + len(OPEN) :]
-        self._call = _Call(id=f"call_{secrets.token_hex(12)}")
-        return True
-
-    def _read_call(self, pieces: list[Piece], call: _Call) -> bool:
-        end = self._buffer.find(CLOSE)
-        body = self._buffer if end < 0 else self._buffer[:end]
-        if call.name is None and (head := _HEAD.match(body)):
-            call.name, call.arguments_at = head.group(1), head.end()
-            pieces.append(CallStart(len(self.calls), call.id, call.name))
-        if end < 0:
-            if call.name is not None:
-                arguments = body[call.arguments_at :]
-                brace = arguments.rfind("}")
-                self._send(pieces, call, (arguments if brace < 0 else arguments[:brace]).rstrip())
-            return False
-        self._buffer = self._buffer[end + len(CLOSE) :]
-        self._close_call(pieces, call, body)
-        return True
-
-    def _close_call(self, pieces: list[Piece], call: _Call, body: str) -> None:
-        parsed = _call_object(body)
-        if call.name is not None:
-            arguments = body[call.arguments_at :].rstrip()
-            self._send(pieces, call, arguments.removesuffix("}").rstrip())
-        elif parsed is not None:
-            call.name = parsed[0]
-            pieces.append(CallStart(len(self.calls), call.id, call.name))
-            self._send(pieces, call, parsed[1])
-        else:
-            self._call = None
-            self._content(pieces, OPEN + body + CLOSE)
-            return
-        self._end_call(call)
-
-    def _send(self, pieces: list[Piece], call: _Call, arguments: str) -> None:
-        """Send what the arguments text so far (`call.arguments` and more) adds."""
-        if len(arguments) > len(call.arguments):
-            pieces.append(Arguments(len(self.calls), arguments[len(call.arguments) :]))
-            call.arguments = arguments
-
-    def _end_call(self, call: _Call) -> None:
-        self.calls.append(ToolCall(id=call.id, name=call.name or "", arguments=call.arguments))
-        self._call = None
-        self._closed = not self.parallel
-
-    def _content(self, pieces: list[Piece], text: str) -> None:
-        if text and not (self.calls and text.isspace()):
-            pieces.append(Content(text))
+        return self._format.finish()
 
 
-def parse_reply(text: str, parallel: bool = True) -> tuple[str | None, list[ToolCall]]:
-    """A whole reply's content (None when it is only tool calls) and its tool calls."""
-    parser = ToolCallParser(parallel=parallel)
+def parse_reply(text: str, parser: ToolCallParser) -> tuple[str | None, list[ToolCall]]:
+    """A whole reply's content (None when it is only tool calls) and its tool calls, read by
+    `parser` (a new one: it reads one reply)."""
     pieces = parser.feed(text) + parser.finish()
     content = "".join(piece.text for piece in pieces if isinstance(piece, Content))
     if parser.calls and not content.strip():
         return None, parser.calls
     return content, parser.calls
-
-
-def _call_object(body: str) -> tuple[str, str] | None:
-    """(name, arguments JSON) of a call's text when it is `{"name": ..., "arguments": ...}`."""
-    try:
-        value = json.loads(body)
-    except ValueError:
-        return None
-    if not (isinstance(value, dict) and isinstance(value.get("name"), str)):
-        return None
-    arguments = value.get("arguments", {})
-    return value["name"], arguments if isinstance(arguments, str) else json.dumps(arguments)
-
-
-def _partial_suffix(text: str, token: str) -> int:
-    """The length of the longest end of `text` that `token` starts with."""
-    for size in range(min(len(text), len(token) - 1), 0, -1):
-        if token.startswith(text[-size:]):
-            return size
-    return 0

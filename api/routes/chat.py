@@ -1,5 +1,6 @@
 """`POST /v1/chat/completions`: OpenAI-compatible, streaming (SSE) or not; with `tools`, the
-reply's calls are parsed into `tool_calls` (`api.openai.tool_calls`), whole or as deltas."""
+reply's calls are parsed into `tool_calls` by the model's parser (`api.openai.tool_calls`,
+`api.jobs.tool_parser`), whole or as deltas."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ from tokenrelay.api.deps import CallerDep, StateDep
 from tokenrelay.api.error_docs import SUBMIT_ERRORS
 from tokenrelay.api.jobs.control import cancel_on_leave, submit
 from tokenrelay.api.jobs.model_routing import check_model
+from tokenrelay.api.jobs.tool_parser import tool_call_parser
 from tokenrelay.api.openai.schema import (
     AssistantMessage,
     ChatCompletion,
@@ -20,6 +22,7 @@ from tokenrelay.api.openai.schema import (
     Choice,
     ChoiceLogprobs,
     ChunkChoice,
+    CompletionUsage,
     Delta,
 )
 from tokenrelay.api.openai.tool_calls import (
@@ -47,7 +50,7 @@ async def create_chat_completion(
     await check_model(state, body.model)
     request = body.to_generation(state.settings)
     tools = body.tool_selection()
-    parser = ToolCallParser(parallel=tools.parallel) if tools.parse else None
+    parser = await tool_call_parser(state, body.model, tools)
     job_id = await submit(state, caller, request, body.priority, read_here=True)
     if body.stream:
         include_usage = bool(body.stream_options and body.stream_options.include_usage)
@@ -66,7 +69,7 @@ async def _complete(
     finish_reason: str = result.done.finish_reason
     calls: list[OutputToolCall] | None = None
     if parser is not None:
-        content, found = parse_reply(result.text, parser.parallel)
+        content, found = parse_reply(result.text, parser)
         if found:
             calls = [OutputToolCall.of(call) for call in found]
             finish_reason = _with_calls(finish_reason)
@@ -80,7 +83,7 @@ async def _complete(
         created=int(time.time()),
         model=model,
         choices=[choice],
-        usage=result.done.usage,
+        usage=CompletionUsage.of(result.done.usage),
     )
 
 
@@ -153,7 +156,11 @@ class _ChatSSE(OpenAIStreamRenderer):
     def _usage(self, usage: Usage) -> bytes:
         return self._encode(
             ChatCompletionChunk(
-                id=self._id, created=self._created, model=self._model, choices=[], usage=usage
+                id=self._id,
+                created=self._created,
+                model=self._model,
+                choices=[],
+                usage=CompletionUsage.of(usage),
             )
         )
 

@@ -22,6 +22,7 @@ from tokenrelay.api.openai.schema import (
     CompletionChoice,
     CompletionLogprobs,
     CompletionRequest,
+    CompletionUsage,
 )
 from tokenrelay.api.streaming import sse
 from tokenrelay.api.streaming.first_output import first_output
@@ -93,7 +94,10 @@ def _total(usages: list[Usage]) -> Usage:
     prompt = sum(u.prompt_tokens for u in usages)
     completion = sum(u.completion_tokens for u in usages)
     return Usage(
-        prompt_tokens=prompt, completion_tokens=completion, total_tokens=prompt + completion
+        prompt_tokens=prompt,
+        completion_tokens=completion,
+        total_tokens=prompt + completion,
+        cached_tokens=sum(u.cached_tokens for u in usages),
     )
 
 
@@ -117,7 +121,11 @@ class _CompletionSSE(OpenAIStreamRenderer):
 
     def completion(self, choices: list[CompletionChoice], usage: Usage | None = None) -> Completion:
         return Completion(
-            id=self._id, created=self._created, model=self._model, choices=choices, usage=usage
+            id=self._id,
+            created=self._created,
+            model=self._model,
+            choices=choices,
+            usage=None if usage is None else CompletionUsage.of(usage),
         )
 
     def _choice(self, text: str, finish_reason: str | None) -> CompletionChoice:

@@ -1,4 +1,5 @@
-"""`GET /v1/models`."""
+"""`GET /v1/models`: each model with a live worker, and the tool-call parser its replies are
+read with (`api.jobs.tool_parser`)."""
 
 from __future__ import annotations
 
@@ -9,7 +10,9 @@ from fastapi import APIRouter
 from tokenrelay.api.deps import CallerDep, StateDep
 from tokenrelay.api.error_docs import AUTH_ERRORS, MODEL_ERRORS
 from tokenrelay.api.jobs.model_routing import served_models
+from tokenrelay.api.jobs.tool_parser import parser_name
 from tokenrelay.api.openai.schema import ModelCard, ModelList
+from tokenrelay.api.state import AppState
 from tokenrelay.shared.errors import ModelNotFound
 
 router = APIRouter(prefix="/v1", tags=["models"], responses=AUTH_ERRORS)
@@ -21,7 +24,7 @@ _STARTED = int(time.time())
 async def list_models(state: StateDep, _: CallerDep) -> ModelList:
     """Models with at least one live worker."""
     live, _known = await served_models(state)
-    return ModelList(data=[ModelCard(id=model, created=_STARTED) for model in sorted(live)])
+    return ModelList(data=[await _card(state, model) for model in sorted(live)])
 
 
 @router.get("/models/{model_id:path}", responses=MODEL_ERRORS)
@@ -33,4 +36,8 @@ async def retrieve_model(model_id: str, state: StateDep, _: CallerDep) -> ModelC
             f"model {model_id!r} is not served here; GET /v1/models lists {sorted(live)}",
             param="model",
         )
-    return ModelCard(id=model_id, created=_STARTED)
+    return await _card(state, model_id)
+
+
+async def _card(state: AppState, model: str) -> ModelCard:
+    return ModelCard(id=model, created=_STARTED, tool_call_parser=await parser_name(state, model))

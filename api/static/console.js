@@ -8,11 +8,14 @@ const CLUSTER_POLL_MS = 1000;
 const BATCH_PAGE_SIZE = 10;
 const STOP_GRACE_MS = 5000;
 const TERMINAL = new Set(["succeeded", "failed", "cancelled", "expired"]);
+// Sent with the views' periodic refreshes: the gateway logs them at DEBUG, not INFO.
+const POLL_HEADERS = { "X-Tokenrelay-Poll": "1" };
 
 const $ = (id) => document.getElementById(id);
 const state = {
   messages: [], // the conversation so far: {role, content}
   run: null, // the reply being streamed: see send()
+  lastJobId: null, // the job of the latest reply, whose tok/s the cluster view reports
   keyRequired: false,
   batchCursors: [null], // `after` of each batch page seen, newest page first
 };
@@ -35,8 +38,8 @@ function headers(extra = {}) {
   return result;
 }
 
-function api(method, path) {
-  return fetch(apiUrl(path), { method, headers: headers() });
+function api(method, path, extraHeaders = {}) {
+  return fetch(apiUrl(path), { method, headers: headers(extraHeaders) });
 }
 
 function seconds(value) {
@@ -173,18 +176,19 @@ function setStatus(text, kind = "") {
 }
 
 function showStats(run) {
-  const now = performance.now();
   $("ttft").textContent =
     run.firstTokenAt === null ? "–" : `${Math.round(run.firstTokenAt - run.sentAt)} ms`;
   // Until the final usage arrives, tokens are estimated by stream chunks (a chunk may hold
   // several tokens).
   const tokens = run.usage ? run.usage.completion_tokens : run.chunks;
   $("tokens").textContent = run.usage ? String(tokens) : tokens ? `~${tokens}` : "–";
-  if (run.firstTokenAt !== null && tokens > 0) {
-    const end = run.lastTokenAt !== null ? run.lastTokenAt : now;
-    const elapsed = (end - run.firstTokenAt) / 1000;
-    $("tps").textContent = elapsed > 0 ? (tokens / elapsed).toFixed(1) : "–";
-  }
+}
+
+// Tokens per second has one definition, the gateway's (`tokens_per_s` of GET /v1/cluster:
+// completion tokens over the job's run time, api/cluster_view.py): the playground shows its
+// job's figure from the cluster view, as the recent jobs table does.
+function tokensPerSecond(job) {
+  return job.tokens_per_s === null ? "–" : job.tokens_per_s.toFixed(1);
 }
 
 function setBusy(busy) {
@@ -208,7 +212,6 @@ async function send(event) {
     jobId: null,
     sentAt: performance.now(),
     firstTokenAt: null,
-    lastTokenAt: null,
     chunks: 0,
     usage: null,
     text: "",
@@ -217,6 +220,7 @@ async function send(event) {
     stopTimer: null,
   };
   state.run = run;
+  state.lastJobId = null;
   setBusy(true);
   setStatus("sending…");
   for (const id of ["job-id", "ttft", "tokens", "tps"]) $(id).textContent = "–";
@@ -285,6 +289,7 @@ function onChunk(chunk, run) {
   }
   if (run.jobId === null && typeof chunk.id === "string") {
     run.jobId = chunk.id.replace(/^chatcmpl-/, "");
+    state.lastJobId = run.jobId;
     $("job-id").textContent = run.jobId;
   }
   if (chunk.usage) run.usage = chunk.usage;
@@ -292,9 +297,7 @@ function onChunk(chunk, run) {
   if (choice) {
     const content = choice.delta && choice.delta.content;
     if (content) {
-      const now = performance.now();
-      if (run.firstTokenAt === null) run.firstTokenAt = now;
-      run.lastTokenAt = now;
+      if (run.firstTokenAt === null) run.firstTokenAt = performance.now();
       run.chunks += 1;
       run.text += content;
       run.body.textContent = run.text;
@@ -403,9 +406,9 @@ function showIn(box, text) {
 }
 
 // `api(method, path)`'s response, or null once `box` says the gateway cannot be reached.
-async function reach(box, method, path) {
+async function reach(box, method, path, extraHeaders = {}) {
   try {
-    return await api(method, path);
+    return await api(method, path, extraHeaders);
   } catch (err) {
     showIn(box, `Cannot reach the gateway: ${err.message}`);
     return null;
@@ -414,7 +417,7 @@ async function reach(box, method, path) {
 
 async function refreshCluster() {
   const box = $("cluster-notice");
-  const response = await reach(box, "GET", "cluster?limit=15");
+  const response = await reach(box, "GET", "cluster?limit=15", POLL_HEADERS);
   if (response === null) return;
   if (response.status === 401 || response.status === 403) {
     showKeyForm();
@@ -504,11 +507,12 @@ function renderCluster(view) {
       cell(duration(job.queue_wait_s), "num"),
       cell(duration(job.run_s), "num"),
       cell(tokens, "num"),
-      cell(job.tokens_per_s === null ? "–" : job.tokens_per_s.toFixed(1), "num"),
+      cell(tokensPerSecond(job), "num tps"),
       cell(job.error_type || job.finish_reason || "")
     );
     tr.dataset.jobId = job.id;
     if (job.id === current) tr.className = "mine";
+    if (job.id === state.lastJobId) $("tps").textContent = tokensPerSecond(job);
     return tr;
   });
   $("recent-jobs").tBodies[0].replaceChildren(
@@ -523,7 +527,7 @@ async function refreshBatches() {
   const after = state.batchCursors[state.batchCursors.length - 1];
   const query = new URLSearchParams({ limit: String(BATCH_PAGE_SIZE) });
   if (after !== null) query.set("after", after);
-  const response = await reach(box, "GET", `batches?${query}`);
+  const response = await reach(box, "GET", `batches?${query}`, POLL_HEADERS);
   if (response === null) return;
   if (!response.ok) {
     showIn(

@@ -123,6 +123,11 @@ class _StreamObserver:
             self.record.finish_reason = event.finish_reason
             self.record.prompt_tokens = event.usage.prompt_tokens
             self.record.completion_tokens = event.usage.completion_tokens
+            served = self.metrics.prompt_tokens_served
+            served.labels(source="cache").inc(event.usage.cached_tokens)
+            served.labels(source="prefill").inc(
+                event.usage.prompt_tokens - event.usage.cached_tokens
+            )
         else:
             self.record.job_status = _ERROR_STATUSES.get(event.error_type, JobStatus.FAILED)
             self.record.error_type = event.error_type

@@ -5,6 +5,8 @@ worker, an API process and Redis are killed and started again; then one table.
     .venv/bin/python -m bench.chaos --duration 90
     .venv/bin/python -m bench.chaos --persistence # Redis with AOF (everysec), SIGKILLed
     .venv/bin/python -m bench.chaos --failover    # Sentinel: the replica promoted mid-traffic
+    .venv/bin/python -m bench.chaos --kill-workers 10  # SIGKILL a random worker every 10 s
+    .venv/bin/python -m bench.chaos --stop-workers 10  # SIGTERM the workers in turn, every 10 s
 
 The load: concurrent clients, each looping over streams, non-streaming completions, async
 jobs (followed to their end over SSE, resumed with `Last-Event-ID` through the other API
@@ -21,6 +23,12 @@ With `--failover`, Redis is a primary, a replica and three sentinels, every proc
 the primary through them with `TOKENRELAY_REDIS_MIN_REPLICAS=1`, and the only fault is
 `SENTINEL FAILOVER` mid-traffic: the same two checks, and how long after the new primary
 took writes a new request was first accepted.
+With `--kill-workers N` (or `--stop-workers N`), three workers on a Redis with AOF, and the
+only fault is a worker SIGKILLed at random (or SIGTERMed, the oldest first, with a short
+drain) every N seconds and replaced: their running jobs continue on the other workers from
+the tokens already delivered, so no job may fail (within its attempts), and the table adds
+the migrations and the stall a stream's client saw at a seam (its longest wait between two
+chunks, p50 and p99 over the streams that waited past a lease TTL).
 After the load the bench waits for the lease set to drain, then reads every job record left
 in Redis: none may be without a terminal state, and no lease may be left.
 """
@@ -31,6 +39,7 @@ import argparse
 import asyncio
 import json
 import random
+import signal
 import time
 from collections import Counter
 from collections.abc import Awaitable, Callable
@@ -92,6 +101,8 @@ class Tally:
     lost_with_redis: int = 0
     accepted_at: list[float] = field(default_factory=list)  # a 202, a stream's 200: admitted
     received: dict[str, str] = field(default_factory=dict)  # succeeded job id -> its text
+    longest_waits: list[float] = field(default_factory=list)  # per succeeded stream, seconds
+    migrations: int = 0
 
     def admit(self, job_id: str) -> None:
         self.admitted.setdefault(job_id, time.monotonic())
@@ -134,10 +145,14 @@ class Load:
             self.tally.accepted_at.append(time.monotonic())
             finished = False
             job_id, text = "", ""
+            last, longest = time.monotonic(), 0.0
             async for line in r.aiter_lines():
+                now = time.monotonic()
+                longest, last = max(longest, now - last), now
                 if line == "data: [DONE]" and finished:
                     self.tally.record(Outcome.SUCCEEDED)
                     self.tally.received[job_id] = text
+                    self.tally.longest_waits.append(longest)
                     return
                 if not line.startswith("data: {"):
                     continue
@@ -301,6 +316,24 @@ async def failover(group: EmbeddedSentinel, tally: Tally, log: Log) -> None:
     log(f"new primary :{port} takes writes")
 
 
+async def churn_workers(
+    cluster: ChaosCluster, kill: bool, every_s: float, until: float, log: Log
+) -> None:
+    """Every `every_s` until `until`, SIGKILL a random worker (`kill`) or SIGTERM the oldest,
+    and start a replacement, so three serve the load."""
+    while time.monotonic() + every_s < until:
+        await asyncio.sleep(every_s)
+        if kill:
+            cluster.kill_worker(random.choice(cluster.workers))
+            log("SIGKILL a worker; starting a replacement")
+        else:
+            stopping = cluster.workers.pop(0)
+            stopping.signal(signal.SIGTERM)
+            log("SIGTERM the oldest worker; starting a replacement")
+        await asyncio.to_thread(cluster.start_worker)
+        log("replacement worker registered")
+
+
 async def settle(redis_url: str) -> tuple[int, dict[str, str], dict[str, str]]:
     """Wait for the lease set to drain; then the leases left, every job record's status and
     every succeeded job's stored text."""
@@ -329,12 +362,18 @@ class Mode(StrEnum):
     PLAIN = "plain"
     PERSISTENCE = "persistence"
     FAILOVER = "failover"
+    KILL_WORKERS = "kill-workers"
+    STOP_WORKERS = "stop-workers"
+
+
+CHURN_SETTINGS = {"TOKENRELAY_WORKER_DRAIN_S": "1"}
+"""A stopping worker hands its jobs over after a second: the bench's streams are longer."""
 
 
 Fault = Callable[[list[int]], Awaitable[None]]
 
 
-async def run(duration_s: float, mode: Mode) -> None:
+async def run(duration_s: float, mode: Mode, every_s: float = 0.0) -> None:
     started = time.monotonic()
 
     def log(message: str) -> None:
@@ -353,6 +392,23 @@ async def run(duration_s: float, mode: Mode) -> None:
                 lambda ports: failover(group, tally, log),
                 lambda: f"redis://127.0.0.1:{group.primary_port()}/0",
             )
+    elif mode in (Mode.KILL_WORKERS, Mode.STOP_WORKERS):
+        server = EmbeddedRedis(persistent=True)
+        with ChaosCluster(SETTINGS | CHURN_SETTINGS, redis_server=server) as cluster:
+            kill = mode is Mode.KILL_WORKERS
+            outcome = await under_load(  # the fault starts with the load: its end is the load's
+                cluster,
+                duration_s,
+                tally,
+                log,
+                lambda ports: churn_workers(
+                    cluster, kill, every_s, time.monotonic() + duration_s, log
+                ),
+                lambda: server.url,
+                workers=3,
+            )
+            async with redis.asyncio.Redis.from_url(server.url) as client:
+                tally.migrations = int(await client.get(keys.migrations()) or 0)
     else:
         server = EmbeddedRedis(persistent=mode is Mode.PERSISTENCE)
         with ChaosCluster(SETTINGS, redis_server=server) as cluster:
@@ -375,13 +431,14 @@ async def under_load(
     log: Log,
     fault: Fault,
     primary_url: Callable[[], str],
+    workers: int = 2,
 ) -> tuple[int, dict[str, str], dict[str, str]]:
-    """Two API processes and two workers under the clients' load while `fault` runs; then
-    what `settle` reads from the primary."""
+    """Two API processes and `workers` workers under the clients' load while `fault` runs;
+    then what `settle` reads from the primary."""
     ports = [cluster.start_api(), cluster.start_api()]
-    cluster.start_worker()
-    cluster.start_worker()
-    log(f"2 API processes {ports}, 2 workers, Redis {cluster.redis_url}; load starts")
+    for _ in range(workers):
+        cluster.start_worker()
+    log(f"2 API processes {ports}, {workers} workers, Redis {cluster.redis_url}; load starts")
     load = Load(ports, tally)
     stop = asyncio.Event()
     sampler = asyncio.create_task(sample_leases(cluster.redis_url, tally, stop))
@@ -426,6 +483,17 @@ def print_table(
         ("leases left (must be 0)", leases),
         ("max concurrently admitted / limit", f"{tally.most_leases} / {LIMIT}"),
     ]
+    if mode in (Mode.KILL_WORKERS, Mode.STOP_WORKERS):
+        stalls = sorted(wait for wait in tally.longest_waits if wait > LEASE_TTL_S)
+        rows += [
+            ("jobs continued on another worker (migrations)", tally.migrations),
+            ("streams that waited past a lease TTL at once", len(stalls)),
+            ("  their longest wait, p50 / p99 (s)", _percentiles(stalls)),
+            (
+                "longest wait of the other streams, p99 (s)",
+                _percentiles([w for w in tally.longest_waits if w <= LEASE_TTL_S]).split(" / ")[1],
+            ),
+        ]
     if mode is Mode.FAILOVER:
         after = [t - tally.redis_restarted_at for t in tally.accepted_at]
         first = min((t for t in after if t >= 0), default=None)
@@ -453,6 +521,18 @@ def print_table(
     print("errors:", ", ".join(f"{e} {n}" for e, n in tally.errors.most_common()) or "none")
 
 
+def _percentiles(values: list[float]) -> str:
+    """`p50 / p99` of `values` (seconds), or `none`."""
+    if not values:
+        return "none / none"
+    ordered = sorted(values)
+
+    def at(share: float) -> float:
+        return ordered[min(len(ordered) - 1, int(share * len(ordered)))]
+
+    return f"{at(0.5):.1f} / {at(0.99):.1f}"
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(
         prog="python -m bench.chaos", description=__doc__.splitlines()[0]
@@ -465,9 +545,20 @@ def main() -> None:
     faults.add_argument(
         "--failover", action="store_true", help="Sentinel-managed Redis, failed over mid-traffic"
     )
+    faults.add_argument(
+        "--kill-workers", type=float, metavar="S", help="SIGKILL a random worker every S s"
+    )
+    faults.add_argument(
+        "--stop-workers", type=float, metavar="S", help="SIGTERM the workers in turn, every S s"
+    )
     args = parser.parse_args()
     mode = Mode.FAILOVER if args.failover else Mode.PERSISTENCE if args.persistence else Mode.PLAIN
-    asyncio.run(run(args.duration, mode))
+    every_s = args.kill_workers or args.stop_workers or 0.0
+    if args.kill_workers:
+        mode = Mode.KILL_WORKERS
+    elif args.stop_workers:
+        mode = Mode.STOP_WORKERS
+    asyncio.run(run(args.duration, mode, every_s))
 
 
 if __name__ == "__main__":

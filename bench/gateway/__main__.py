@@ -14,11 +14,14 @@ opens once every client is in its second stream:
 - Redis connections per API process and per worker (`CLIENT LIST` matched to each pid).
 
 `--relay-only` replaces the workers by a lockstep publisher (`bench/gateway/relay.py`) to
-measure API processes and Redis alone. Results and their reading: docs/benchmarks/gateway.md.
+measure API processes and Redis alone. `--api chat,messages` runs each level once per API on
+the same cluster (chat completions, Anthropic's messages) and adds a table of each API
+against chat completions. Results and their reading: docs/benchmarks/gateway.md.
 
     .venv/bin/python -m bench.gateway                                  # 1, 64, 512, 2000 streams
     .venv/bin/python -m bench.gateway --rate 200 --flush-ms 0,50 --concurrency 1,16,64
     .venv/bin/python -m bench.gateway --relay-only --concurrency 64,256,512,1000
+    .venv/bin/python -m bench.gateway --api chat,messages --concurrency 64 --duration 15
 
 Progress goes to stderr, the tables (markdown) to stdout.
 """
@@ -40,9 +43,8 @@ import uvloop
 
 from bench.common import log
 from bench.gateway.client import (
-    CHAT,
+    APIS,
     JOB_EVENTS,
-    ChatRequests,
     LoadGenerator,
     LoadStats,
     RequestFactory,
@@ -64,6 +66,7 @@ from bench.gateway.relay import LockstepPublisher
 from bench.gateway.report import (
     LevelPlan,
     LevelResult,
+    api_table,
     figures,
     main_table,
     phase_table,
@@ -93,6 +96,7 @@ class Options:
     min_stream_s: float
     max_start_rate: float
     relay_only: bool
+    apis: list[str]
     batch_jobs: int
     profile_dir: Path | None
     json_path: Path | None
@@ -167,9 +171,9 @@ async def _phases(
 
 
 async def run_level(
-    cluster: BenchCluster, plan: LevelPlan, options: Options, flush_ms: float
+    cluster: BenchCluster, plan: LevelPlan, options: Options, flush_ms: float, api: str
 ) -> LevelResult:
-    mode = "relay-only" if options.relay_only else "chat"
+    mode = "relay-only" if options.relay_only else api
     tag = f"[{mode}, {plan.tokens_per_s:g} tok/s, flush {flush_ms:g} ms, {plan.streams} streams]"
     client = redis.asyncio.Redis.from_url(cluster.redis_url, decode_responses=True)
     me = psutil.Process()
@@ -196,8 +200,8 @@ async def run_level(
         dialect = JOB_EVENTS
         publishing = asyncio.create_task(publisher.run())
     else:
-        requests = ChatRequests(MODEL_NAME, plan.max_tokens, cluster.api_ports)
-        dialect = CHAT
+        path, dialect, make_requests = APIS[api]
+        requests = make_requests(path, MODEL_NAME, plan.max_tokens, cluster.api_ports)
     generator = LoadGenerator(
         cluster.api_ports, requests, dialect, 1 / plan.tokens_per_s, window, stats
     )
@@ -241,7 +245,7 @@ async def run_level(
     if profiling is not None:
         await profiling
     result = LevelResult(
-        mode="relay" if options.relay_only else "chat",
+        mode="relay" if options.relay_only else api,
         plan=plan,
         flush_ms=flush_ms,
         first_token_ms=options.first_token_ms,
@@ -287,7 +291,8 @@ async def run(options: Options) -> list[LevelResult]:
                 log(f"logs in {cluster.log_dir}")
                 for streams in options.concurrency:
                     plan = plan_for(streams, rate, options)
-                    results.append(await run_level(cluster, plan, options, flush_ms))
+                    for api in ["chat"] if options.relay_only else options.apis:
+                        results.append(await run_level(cluster, plan, options, flush_ms, api))
     return results
 
 
@@ -316,11 +321,19 @@ def parse_args(argv: list[str] | None = None) -> Options:
         "(bench/gateway/relay.py), clients read GET /v1/jobs/{id}/events",
     )
     parser.add_argument(
+        "--api",
+        default="chat",
+        help=f"the generation APIs to stream, each level once per API (of {', '.join(APIS)})",
+    )
+    parser.add_argument(
         "--batch-jobs", type=int, default=256, help="relay-only: jobs per EMIT call"
     )
     parser.add_argument("--profile-dir", type=Path, help="py-spy each process in the window")
     parser.add_argument("--json", type=Path, help="also write every figure to this JSON file")
     args = parser.parse_args(argv)
+    apis = [api.strip() for api in args.api.split(",") if api.strip()]
+    if unknown := [api for api in apis if api not in APIS]:
+        parser.error(f"--api: unknown {unknown}; choose from {list(APIS)}")
     return Options(
         concurrency=[int(c) for c in _parse_list(args.concurrency, int)],
         duration_s=args.duration,
@@ -332,6 +345,7 @@ def parse_args(argv: list[str] | None = None) -> Options:
         min_stream_s=args.min_stream_s,
         max_start_rate=args.max_start_rate,
         relay_only=args.relay_only,
+        apis=apis,
         batch_jobs=args.batch_jobs,
         profile_dir=args.profile_dir,
         json_path=args.json,
@@ -358,6 +372,8 @@ def main(argv: list[str] | None = None) -> int:
     print(phase_table(rows), end="\n\n")
     print(redis_table(rows), end="\n\n")
     print(redis_time_table(rows))
+    if len({row["mode"] for row in rows}) > 1:
+        print("", api_table(rows), sep="\n")
     if options.json_path is not None:
         write_json(options.json_path, {"setup": setup}, rows)
     return 0

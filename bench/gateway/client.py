@@ -5,10 +5,13 @@ streams back to back until told to stop. It parses only what the measurements ne
 status line, the chunked framing, SSE `data:` lines and the delta's `content` — so that the
 client costs far less CPU per event than httpx would and is not mistaken for the gateway.
 
-Two dialects: chat completions (`POST /v1/chat/completions`, tokens in `"content"`, ends with
-`[DONE]`) and job events (`GET /v1/jobs/{id}/events`, tokens in `"text"`, ends with the
-`done` event). The synthetic engine and the relay benchmark's publisher emit one vocabulary
-word (ending in a space) per token, so a chunk's token count is the number of spaces in it.
+Four dialects: chat completions (`POST /v1/chat/completions`, tokens in `"content"`, ends
+with `[DONE]`), Anthropic's messages (`POST /v1/messages`, tokens in `text_delta`s' `"text"`,
+ends with `message_stop`), OpenAI's responses (`POST /v1/responses`, tokens in
+`output_text.delta`s' `"delta"`, ends with `response.incomplete`) and job events
+(`GET /v1/jobs/{id}/events`, tokens in `"text"`, ends with the `done` event). The synthetic
+engine and the relay benchmark's publisher emit one vocabulary word (ending in a space) per
+token, so a chunk's token count is the number of spaces in it.
 """
 
 from __future__ import annotations
@@ -21,7 +24,6 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 
 _READ_SIZE = 1 << 16
-_ID = b'"id":"chatcmpl-'
 _RETRY_PAUSE_S = 0.05
 
 
@@ -79,10 +81,33 @@ class SseDialect:
     end: bytes
     error: bytes
     request_starts_job: bool
+    #: What precedes the job id in the stream's id field (none: the stream names no job).
+    id_key: bytes = b""
 
 
 # Errors: the gateway's own `{"error": {...}}` payloads, and a job's `"type":"error"` event.
-CHAT = SseDialect(text_key=b'"content":"', end=b"[DONE]", error=b'"error"', request_starts_job=True)
+CHAT = SseDialect(
+    text_key=b'"content":"',
+    end=b"[DONE]",
+    error=b'"error"',
+    request_starts_job=True,
+    id_key=b'"id":"chatcmpl-',
+)
+MESSAGES = SseDialect(
+    text_key=b'"text":"',
+    end=b'"type":"message_stop"',
+    error=b'"type":"error"',
+    request_starts_job=True,
+    id_key=b'"id":"msg_',
+)
+# The synthetic engine runs every reply to its `max_output_tokens`: `response.incomplete`.
+RESPONSES = SseDialect(
+    text_key=b'"delta":"',
+    end=b'"type":"response.incomplete"',
+    error=b'"type":"error"',
+    request_starts_job=True,
+    id_key=b'"id":"resp_',
+)
 JOB_EVENTS = SseDialect(
     text_key=b'"text":"', end=b'"type":"done"', error=b'"error"', request_starts_job=False
 )
@@ -92,30 +117,63 @@ RequestFactory = Callable[[int], Awaitable[bytes]]
 
 
 @dataclass(frozen=True)
-class ChatRequests:
-    """`POST /v1/chat/completions` with `stream: true`: the same request every time."""
+class StreamRequests:
+    """`POST path` of a streaming generation of `max_tokens`: the same request every time.
+    Chat completions and Anthropic's messages take the same body here."""
 
+    path: str
     model: str
     max_tokens: int
     ports: list[int]
 
+    def body(self) -> dict[str, object]:
+        return {
+            "model": self.model,
+            "messages": [{"role": "user", "content": "benchmark"}],
+            "max_tokens": self.max_tokens,
+            "stream": True,
+        }
+
     def wire(self, port: int) -> bytes:
-        body = json.dumps(
-            {
-                "model": self.model,
-                "messages": [{"role": "user", "content": "benchmark"}],
-                "max_tokens": self.max_tokens,
-                "stream": True,
-            }
-        ).encode()
+        body = json.dumps(self.body()).encode()
         head = (
-            f"POST /v1/chat/completions HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\n"
+            f"POST {self.path} HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\n"
             f"Content-Type: application/json\r\nContent-Length: {len(body)}\r\n\r\n"
         )
         return head.encode() + body
 
     async def __call__(self, api_index: int) -> bytes:
         return self.wire(self.ports[api_index])
+
+
+@dataclass(frozen=True)
+class ResponsesRequests(StreamRequests):
+    """`POST /v1/responses`, streamed; `store: false` (as the Codex CLI sends) measures the
+    renderer alone, `store: true` (the SDK's default) adds the response's record."""
+
+    store: bool = False
+
+    def body(self) -> dict[str, object]:
+        return {
+            "model": self.model,
+            "input": "benchmark",
+            "max_output_tokens": self.max_tokens,
+            "stream": True,
+            "store": self.store,
+        }
+
+
+def _stored_responses(path: str, model: str, max_tokens: int, ports: list[int]) -> StreamRequests:
+    return ResponsesRequests(path, model, max_tokens, ports, store=True)
+
+
+#: The generation APIs `bench.gateway --api` runs: each one's path, SSE dialect and requests.
+APIS: dict[str, tuple[str, SseDialect, Callable[[str, str, int, list[int]], StreamRequests]]] = {
+    "chat": ("/v1/chat/completions", CHAT, StreamRequests),
+    "messages": ("/v1/messages", MESSAGES, StreamRequests),
+    "responses": ("/v1/responses", RESPONSES, ResponsesRequests),
+    "responses-stored": ("/v1/responses", RESPONSES, _stored_responses),
+}
 
 
 def job_events_request(job_id: str, port: int) -> bytes:
@@ -164,12 +222,13 @@ def _tokens(payload: bytes, text_key: bytes) -> int:
     return payload.count(b" ", start, payload.index(b'"', start))
 
 
-def _job_id(payload: bytes) -> str:
-    """The job id in a chat chunk's `chatcmpl-` id; '' in other dialects."""
-    start = payload.find(_ID)
+def _job_id(payload: bytes, id_key: bytes) -> str:
+    """The job id after `id_key` (a chat chunk's `chatcmpl-`, a message's `msg_`); ''
+    where the payload has none."""
+    start = payload.find(id_key) if id_key else -1
     if start < 0:
         return ""
-    start += len(_ID)
+    start += len(id_key)
     return payload[start : payload.index(b'"', start)].decode()
 
 
@@ -272,7 +331,7 @@ class LoadGenerator:
                     done = True
                     continue
                 if not job_id and not first:
-                    job_id = _job_id(payload)
+                    job_id = _job_id(payload, dialect.id_key)
                 tokens = _tokens(payload, dialect.text_key)
                 if not tokens:
                     continue

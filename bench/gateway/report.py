@@ -127,8 +127,36 @@ def _pair(f: Figures, low: str, high: str) -> str:
 
 
 def _head(f: Figures) -> str:
-    relay = " (relay)" if f["mode"] == "relay" else ""
-    return f"| {f['tokens_per_s_per_stream']:g} | {f['flush_ms']:g} | {f['streams']}{relay} "
+    mode = "" if f["mode"] == "chat" else f" ({f['mode']})"
+    return f"| {f['tokens_per_s_per_stream']:g} | {f['flush_ms']:g} | {f['streams']}{mode} "
+
+
+def api_table(rows: list[Figures]) -> str:
+    """Each API's added TTFT and API CPU per token against chat completions' at the same
+    level of the same run."""
+    lines = [
+        "| tok/s per stream | flush ms | streams | TTFT added p50 ms | vs chat "
+        "| API CPU µs/token | vs chat |",
+        "|" + "---|" * 7,
+    ]
+    chat = {_level(f): f for f in rows if f["mode"] == "chat"}
+    for f in rows:
+        base = chat.get(_level(f))
+        if base is None or f is base:
+            continue
+        ttft, base_ttft = f["ttft_added_p50_ms"], base["ttft_added_p50_ms"]
+        cpu, base_cpu = f["api_cpu_us_per_token"], base["api_cpu_us_per_token"]
+        assert isinstance(ttft, float) and isinstance(base_ttft, float)
+        assert isinstance(cpu, float) and isinstance(base_cpu, float)
+        lines.append(
+            _head(f) + f"| {ttft:.2f} | {ttft - base_ttft:+.2f} ms "
+            f"| {cpu:.1f} | {100 * (cpu / base_cpu - 1):+.1f} % |"
+        )
+    return "\n".join(lines)
+
+
+def _level(f: Figures) -> tuple[object, ...]:
+    return (f["tokens_per_s_per_stream"], f["flush_ms"], f["streams"])
 
 
 def main_table(rows: list[Figures]) -> str:

@@ -3,8 +3,9 @@
 `submit` uploads a JSONL file (`purpose=batch`), creates the batch and prints its id; with
 `--wait` it then shows a progress bar (rich, on stderr) until the batch ends. `status`
 prints the batch (`--watch`: the progress bar until it ends, `--json`: the object);
-`download` writes the output file (and, with `--errors`, the error file); `cancel` asks the
-batch to stop. A batch that ends other than `completed` is exit status 1 for `--wait`.
+`download` writes the output file (and, with `--errors`, the error file: exit status 1 when
+the batch has none); `cancel` asks the batch to stop. A batch that ends other than
+`completed` is exit status 1 for `--wait`.
 rich and httpx (the `client` extra) are loaded only when a command runs.
 """
 
@@ -90,8 +91,16 @@ def _download(client: Client, args: argparse.Namespace) -> int:
         raise ClientError(f"batch {batch['id']} has no results yet (status {batch['status']})")
     if output_id := batch.get("output_file_id"):
         _write(client.file_content(output_id), args.output)
-    if args.errors is not None and (error_id := batch.get("error_file_id")):
-        _write(client.file_content(error_id), args.errors)
+    if args.errors is None:
+        return 0
+    if not (error_id := batch.get("error_file_id")):
+        counts = batch["request_counts"]
+        raise ClientError(
+            f"batch {batch['id']} has no error file: {counts['failed']} of its "
+            f"{counts['total']} requests failed (status {batch['status']}); "
+            f"{args.errors} not written"
+        )
+    _write(client.file_content(error_id), args.errors)
     return 0
 
 

@@ -13,6 +13,7 @@ import argparse
 import json
 import os
 import sys
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -23,14 +24,19 @@ URL_ENV = "TOKENRELAY_URL"
 API_KEY_ENV = "TOKENRELAY_API_KEY"
 EXIT_FAILURE = 1
 EXIT_INTERRUPTED = 130
+TERMINAL_STATUSES = frozenset({"succeeded", "failed", "cancelled", "expired"})
+CANCEL_WAIT_S = 30.0
+"""How long `cancel` waits for a running job to stop (at its next decoding step)."""
+CANCEL_POLL_S = 0.2
 
 
 def _request_body(client: Client, args: argparse.Namespace, *, stream: bool) -> dict[str, Any]:
     messages = [{"role": "system", "content": args.system}] if args.system else []
     messages.append({"role": "user", "content": args.question})
     body: dict[str, Any] = {"model": args.model or _only_model(client), "messages": messages}
-    if args.max_tokens is not None:
-        body["max_tokens"] = args.max_tokens
+    for field in ("max_tokens", "temperature", "seed"):
+        if (value := getattr(args, field)) is not None:
+            body[field] = value
     if stream:
         body["stream"] = True
     return body
@@ -70,8 +76,20 @@ def _status(client: Client, args: argparse.Namespace) -> int:
 
 
 def _cancel(client: Client, args: argparse.Namespace) -> int:
+    """Cancel, then wait for the job's end: a running job stops at its next decoding step,
+    or may finish first. Prints the status it ended with."""
     record = client.cancel(args.job_id)
-    print(f"{record['id']}: {record['status']}")
+    deadline = time.monotonic() + CANCEL_WAIT_S
+    while record["status"] not in TERMINAL_STATUSES:
+        if time.monotonic() > deadline:
+            raise ClientError(
+                f"{args.job_id} is still {record['status']} {CANCEL_WAIT_S:g} s after it was "
+                "asked to stop"
+            )
+        time.sleep(CANCEL_POLL_S)  # the polling period, not a synchronisation
+        record = client.job(args.job_id)
+    ended = record["status"]
+    print(f"{record['id']}: {ended}" + ("" if ended == "cancelled" else " (before the cancel)"))
     return 0
 
 

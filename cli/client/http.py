@@ -11,6 +11,8 @@ from typing import IO, Any
 import httpx
 
 CONNECT_TIMEOUT_S = 5.0
+POLL_HEADER = "X-Tokenrelay-Poll"
+"""Marks a periodic refresh, which the API logs at DEBUG (`api/middleware/request_log.py`)."""
 READ_TIMEOUT_S = 60.0  # streams get a ping every TOKENRELAY_SSE_PING_S (15 s by default)
 
 
@@ -72,7 +74,8 @@ class Client:
         return self._json("DELETE", f"/v1/jobs/{job_id}")
 
     def cluster(self, limit: int = 10) -> dict[str, Any]:
-        return self._json("GET", "/v1/cluster", params={"limit": limit})
+        params, headers = {"limit": limit}, {POLL_HEADER: "1"}
+        return self._json("GET", "/v1/cluster", params=params, headers=headers)
 
     def upload_file(self, name: str, content: IO[bytes]) -> dict[str, Any]:
         files = {"file": (name, content, "application/jsonl")}

@@ -41,6 +41,11 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from rq.job import Job
+from rq.job import JobStatus as RQJobStatus
+from rq.queue import Queue
+from rq.registry import StartedJobRegistry
+
 from tokenrelay.shared.errors import (
     JobCancelled,
     Overloaded,
@@ -71,6 +76,11 @@ LIBRARY_NAMES: tuple[str, ...] = (
     JobField.WEBHOOK,
     JobField.WEBHOOK_EVENTS,
     JobField.READER,
+    JobField.ATTEMPT,
+    JobField.MAX_ATTEMPTS,
+    JobField.REQUEUE_MS,
+    JobField.PAST_WORKERS,
+    JobField.SEAM_SEQ,
     JobStatus.QUEUED,
     JobStatus.RUNNING,
     JobStatus.FAILED,
@@ -106,17 +116,34 @@ def _lua_string(text: str) -> str:
     return "'" + "".join(escaped) + "'"
 
 
+_RQ_NAMES = {
+    "RQ_JOB_PREFIX": Job.redis_job_namespace_prefix,
+    "RQ_QUEUE_PREFIX": Queue.redis_queue_namespace_prefix,
+    "RQ_STARTED_PREFIX": StartedJobRegistry.key_template.format(""),
+    "RQ_ORIGIN": "origin",
+    "RQ_STATUS": "status",
+    "RQ_QUEUED": RQJobStatus.QUEUED.value,
+}
+"""RQ's key prefixes and job hash names that a continuation writes (`continue_job` in
+library.lua puts the job's RQ record back at the front of its queue, as `rq_jobs.give_back`
+does, and takes the lost worker's execution out of RQ's started registry, whose members are
+`<job id>:<execution id>`, so RQ's maintenance never fails the job over it)."""
+
+
 def library_bindings() -> str:
     """The Lua locals the job library uses, from Python's names: each of `LIBRARY_NAMES` as
-    `F_<JobField name>` or `S_<JobStatus name>`, and `SCRIPT_ERRORS` (`_ERRORS`). Compiled
-    into the script rather than sent with every call: Redis then does no string work for them
-    per call (docs/internals/lua.md)."""
+    `F_<JobField name>` or `S_<JobStatus name>`, `SCRIPT_ERRORS` (`_ERRORS`), RQ's names
+    (`_RQ_NAMES`) and the migrations counter's key. Compiled into the script rather than sent
+    with every call: Redis then does no string work for them per call
+    (docs/internals/lua.md)."""
     fields = set(JobField)
     lines = ["-- The job library's names (`shared.redis.job_scripts.library_bindings`)."]
     for name in LIBRARY_NAMES:
         var = f"F_{JobField(name).name}" if name in fields else f"S_{JobStatus(name).name}"
         lines.append(f"local {var} = {_lua_string(name)}")
     lines.append(f"local SCRIPT_ERRORS = {_lua_string(_ERRORS)}")
+    for var, value in (*_RQ_NAMES.items(), ("MIGRATIONS", keys.migrations())):
+        lines.append(f"local {var} = {_lua_string(value)}")
     return "\n".join(lines)
 
 
@@ -134,6 +161,7 @@ START = _job_script("start.lua")
 FINISH = _job_script("finish.lua")
 CANCEL = _job_script("cancel.lua")
 REAP = _job_script("reap.lua")
+HANDOVER = _job_script("handover.lua")
 RENEW = timed("renew.lua")
 REGISTER_WORKER = timed("register_worker.lua")
 LIVE_MODELS = timed("live_models.lua")
@@ -200,7 +228,14 @@ def admit(
     owner_jobs = keys.batch_lines_inflight() if batch_line else keys.owner_jobs(owner)
     if batch_line:
         owner_limit = settings.batch_max_inflight
-    extra = [part for pair in (job_fields or {}).items() for part in pair]
+    continuation: dict[str, Arg] = {}
+    if enqueue is not None:  # a job on an RQ queue can go back to it as a continuation
+        continuation = {
+            JobField.MAX_ATTEMPTS: settings.job_max_attempts,
+            JobField.REQUEUE_MS: settings.max_queue_wait_ms,
+        }
+    fields = {**continuation, **(job_fields or {})}
+    extra = [part for pair in fields.items() for part in pair]
     queue_keys: tuple[str, ...] = ()
     queue_args: list[Arg] = [""]
     if enqueue is not None:
@@ -260,6 +295,24 @@ def start(settings: Settings, job_id: str, worker: str, started_event: str) -> S
     return _library_call(START, settings, job_id, worker, settings.lease_ttl_ms, started_event)
 
 
+@dataclass(frozen=True)
+class StartReply:
+    """What START said: the job's status (`running` when this worker now owns it), and for a
+    continuation its attempt (2 on) and the events its log held before this start (as the
+    log holds them, seq first): what the earlier attempts delivered."""
+
+    status: str | None
+    attempt: int = 1
+    delivered: tuple[str, ...] = ()
+
+
+def parse_start(reply: Any) -> StartReply:
+    if isinstance(reply, list):
+        status, attempt, *delivered = reply
+        return StartReply(str(status), int(attempt), tuple(str(event) for event in delivered))
+    return StartReply(None if reply is None else str(reply))
+
+
 FINISH_BEHIND = -1
 """FINISH's (and CLOSE's) reply when the job's log lacks events below the seq its worker
 passed."""
@@ -277,14 +330,17 @@ def finish(
     final_seq: int = -1,
     text: str | None = None,
     unsent: Sequence[EmitItem] = (),
+    worker: str = "",
 ) -> ScriptCall:
     """End a job; with `final_seq` >= 0, only if its log holds every event below it. `text`,
     the job's whole text, is stored when this call ends it. `unsent` (its worker's events
     Redis has not applied yet, as `JobLog.unacked` lists them) are appended first, each at
     its seq, and published where the job's other events are (its reader's channel, else its
-    own), where the token plane is on this Redis."""
+    own), where the token plane is on this Redis. With `worker`, a running job is ended only
+    while that worker runs it (not after a continuation moved it to another)."""
     args: list[Arg] = [job_id, status, json.dumps(fields), final_event, final_seq]
     args += ["0", ""] if text is None else ["1", text]
+    args.append(worker)
     args += [part for _, seq, event in unsent for part in (seq, event)]
     return _library_call(FINISH, settings, *args)
 
@@ -297,7 +353,15 @@ def reap(settings: Settings) -> ScriptCall:
     return _library_call(REAP, settings, _REAP_BATCH)
 
 
-def renew(settings: Settings, job_ids: list[str]) -> ScriptCall:
+def hand_over(settings: Settings, job_id: str, worker: str) -> ScriptCall:
+    """Put a job `worker` runs back at the front of its queue as a continuation, if it has
+    attempts left: 1 if it did."""
+    return _library_call(HANDOVER, settings, job_id, worker)
+
+
+def renew(settings: Settings, job_ids: list[str], worker: str = "") -> ScriptCall:
+    """Renew the leases of `job_ids`; with `worker`, a job another worker runs now (a
+    continuation took it over) is reported lost."""
     script_keys = [keys.leases(), *(keys.job(job_id) for job_id in job_ids)]
     return ScriptCall(
         RENEW,
@@ -307,6 +371,8 @@ def renew(settings: Settings, job_ids: list[str]) -> ScriptCall:
             JobField.STATUS,
             JobStatus.RUNNING,
             JobField.CANCEL_REQUESTED,
+            JobField.WORKER,
+            worker,
             *job_ids,
         ],
     )

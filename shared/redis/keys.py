@@ -83,6 +83,12 @@ def tokenizer(sha256: str) -> str:
     return f"{PREFIX}:tokenizer:{sha256}"
 
 
+def chat_template(sha256: str) -> str:
+    """String holding a model's chat template (`model_limits.ChatTemplate`'s JSON), named by
+    its SHA-256."""
+    return f"{PREFIX}:chat-template:{sha256}"
+
+
 def cancel_channel() -> str:
     """Pub/sub channel on which the ids of running jobs to stop are announced to workers."""
     return f"{PREFIX}:cancel"
@@ -101,6 +107,11 @@ def replication_mark() -> str:
 def rejections() -> str:
     """Hash counting refused admissions: field `error_type`, value how many."""
     return f"{PREFIX}:rejections"
+
+
+def migrations() -> str:
+    """Counter of running jobs the lease reaper put back in their queue as continuations."""
+    return f"{PREFIX}:migrations"
 
 
 def generation_queue(model: str, priority: str) -> str:
@@ -198,3 +209,16 @@ def batch_lines_inflight() -> str:
     """Set of the job ids of admitted, unfinished batch lines (their owner-jobs set): its
     size is what batch lines hold of `MAX_INFLIGHT`, left out of interactive admission."""
     return f"{PREFIX}:batches:inflight"
+
+
+def response(response_id: str) -> str:
+    """Hash holding one stored Responses API response (`api.responses.store`): its owner,
+    its request (echoed fields, input items) and, once settled, its final object."""
+    return f"{PREFIX}:response:{response_id}"
+
+
+def unsettled_responses() -> str:
+    """Sorted set of stored responses whose final object is not written yet: member the
+    response id, score its creation time (ms); any API process settles them
+    (`api.responses.settle`)."""
+    return f"{PREFIX}:responses:unsettled"

@@ -3,7 +3,11 @@ at admission rather than by the worker that takes it after it waited in the queu
 
 A worker publishes, with every heartbeat, its model's context window, its batch's token
 budget (`TOKENRELAY_WORKER_MAX_BATCH_TOKENS`) and the SHA-256 of its tokenizer, whose JSON
-(`tokenizers`' own format, a few MB) it stores once under that hash. Both keys expire an
+(`tokenizers`' own format, a few MB) it stores once under that hash, and of its chat template
+(`ChatTemplate`), stored the same way: with both, an API node counts a chat's prompt tokens
+exactly as the worker will (`POST /v1/messages/count_tokens`). It publishes beside them
+the tool-call parser its model's replies need (`TOKENRELAY_TOOL_CALL_PARSER`), which the API
+uses for that model. Both keys expire an
 hour after the last heartbeat, so a model nobody serves any more leaves nothing behind (the
 API then skips its check and the worker that takes a job still makes it). Workers of one model
 are expected to share their settings (one ConfigMap in the Helm chart): the latest heartbeat
@@ -13,10 +17,11 @@ wins.
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
 import redis
+from pydantic import BaseModel, ConfigDict
 from redis.typing import EncodableT, FieldT
 
 from tokenrelay.shared.errors import ContextLengthExceeded
@@ -33,6 +38,11 @@ class ModelLimits:
     batch_tokens: int
     #: "" when the worker's engine has no tokenizer to share (the synthetic engine).
     tokenizer_sha256: str = ""
+    #: "" when it has no chat template to share (the synthetic engine, older workers).
+    chat_template_sha256: str = ""
+    #: How the API reads tool calls out of this model's replies (`TOKENRELAY_TOOL_CALL_PARSER`
+    #: of its workers); "" from older workers.
+    tool_call_parser: str = ""
 
     @property
     def tokens_per_job(self) -> int:
@@ -68,6 +78,8 @@ class ModelLimits:
             "context_tokens": self.context_tokens,
             "batch_tokens": self.batch_tokens,
             "tokenizer_sha256": self.tokenizer_sha256,
+            "chat_template_sha256": self.chat_template_sha256,
+            "tool_call_parser": self.tool_call_parser,
         }
 
     @classmethod
@@ -80,27 +92,66 @@ class ModelLimits:
                 context_tokens=int(text["context_tokens"]),
                 batch_tokens=int(text["batch_tokens"]),
                 tokenizer_sha256=text.get("tokenizer_sha256", ""),
+                chat_template_sha256=text.get("chat_template_sha256", ""),
+                tool_call_parser=text.get("tool_call_parser", ""),
             )
         except (KeyError, ValueError):
             return None
 
 
+class ChatTemplate(BaseModel):
+    """A model's chat template as its workers apply it (transformers' `apply_chat_template`):
+    the Jinja sources by name (one `default`, and a `tool_use` one where the model has a
+    template of its own for tools) and the special tokens transformers passes the template."""
+
+    model_config = ConfigDict(frozen=True)
+
+    templates: dict[str, str]
+    special_tokens: dict[str, str | list[str]] = {}
+
+    def source(self, tools: bool) -> str | None:
+        """The template transformers picks for a chat with or without `tools`; None where it
+        has none to pick (transformers refuses to render then)."""
+        if tools and "tool_use" in self.templates:
+            return self.templates["tool_use"]
+        return self.templates.get("default")
+
+
 class LimitsPublisher:
-    """The worker's side: `publish()` on every heartbeat; the tokenizer's JSON is sent only
-    while Redis lacks it (first heartbeat, or after Redis lost its data)."""
+    """The worker's side: `publish()` on every heartbeat; the tokenizer's JSON and the chat
+    template are sent only while Redis lacks them (first heartbeat, or after Redis lost its
+    data)."""
 
     def __init__(
-        self, model: str, context_tokens: int, batch_tokens: int, tokenizer_json: str | None
+        self,
+        model: str,
+        context_tokens: int,
+        batch_tokens: int,
+        tokenizer_json: str | None,
+        chat_template: ChatTemplate | None = None,
+        tool_call_parser: str = "",
     ) -> None:
         self._model = model
-        self._tokenizer_json = tokenizer_json
-        sha = hashlib.sha256(tokenizer_json.encode()).hexdigest() if tokenizer_json else ""
-        self.limits = ModelLimits(context_tokens, batch_tokens, sha)
+        self._blobs: dict[str, str] = {}
+        tokenizer_sha = self._add(keys.tokenizer, tokenizer_json)
+        template_json = chat_template.model_dump_json() if chat_template is not None else None
+        template_sha = self._add(keys.chat_template, template_json)
+        self.limits = ModelLimits(
+            context_tokens, batch_tokens, tokenizer_sha, template_sha, tool_call_parser
+        )
+
+    def _add(self, key: Callable[[str], str], blob: str | None) -> str:
+        """Keep `blob` to publish under `key(its SHA-256)`; returns the hash ("" for none)."""
+        if not blob:
+            return ""
+        sha256 = hashlib.sha256(blob.encode()).hexdigest()
+        self._blobs[key(sha256)] = blob
+        return sha256
 
     def publish(self, client: redis.Redis) -> None:
-        tokenizer_key = keys.tokenizer(self.limits.tokenizer_sha256)
-        if self._tokenizer_json is not None and not client.expire(tokenizer_key, LIMITS_TTL_S):
-            client.set(tokenizer_key, self._tokenizer_json, ex=LIMITS_TTL_S)
+        for blob_key, blob in self._blobs.items():
+            if not client.expire(blob_key, LIMITS_TTL_S):
+                client.set(blob_key, blob, ex=LIMITS_TTL_S)
         limits_key = keys.model_limits(self._model)
         pipe = client.pipeline(transaction=False)
         pipe.hset(limits_key, mapping=self.limits.to_hash())

@@ -42,3 +42,17 @@ def test_hash_key_prints_the_sha256_the_keys_file_holds() -> None:
     )
     assert result.returncode == 0
     assert result.stdout.strip() == hashlib.sha256(b"sk-abc").hexdigest()
+
+
+def test_hash_key_reads_the_key_from_stdin_when_not_given() -> None:
+    """A key on the command line lands in the shell's history; piped, it does not."""
+    piped = subprocess.run(
+        tokenrelay_command("hash-key"), input="sk-abc\n", capture_output=True, text=True, timeout=30
+    )
+    assert piped.returncode == 0, piped.stderr
+    assert piped.stdout.strip() == hashlib.sha256(b"sk-abc").hexdigest()
+    empty = subprocess.run(
+        tokenrelay_command("hash-key"), input="", capture_output=True, text=True, timeout=30
+    )
+    assert empty.returncode == 2
+    assert empty.stdout == "" and "no key given" in empty.stderr

@@ -113,6 +113,34 @@ def test_submit_status_cancel_round_trip(cluster: Cluster, http: httpx.Client) -
         end_jobs(http, [blocker])
 
 
+def test_cancel_of_a_running_job_waits_for_it_to_stop_and_says_cancelled(
+    cluster: Cluster, http: httpx.Client
+) -> None:
+    job_id = start_long_job(http)
+    try:
+        with http.stream("GET", f"/v1/jobs/{job_id}/events") as events:
+            data = (json.loads(line[6:]) for line in events.iter_lines() if line[:6] == "data: ")
+            next(event for event in data if event["type"] == "token")
+        assert http.get(f"/v1/jobs/{job_id}").json()["status"] == "running"
+        cancelled = tokenrelay(cluster, "cancel", job_id)
+        assert cancelled.returncode == 0, cancelled.stderr
+        assert cancelled.stdout.strip() == f"{job_id}: cancelled"
+        assert http.get(f"/v1/jobs/{job_id}").json()["status"] == "cancelled"
+    finally:
+        end_jobs(http, [job_id])
+
+
+def test_chat_sends_the_sampling_flags(cluster: Cluster) -> None:
+    question = ("chat", "Write a poem about the sea", "--max-tokens", "12")
+    greedy = [tokenrelay(cluster, *question, "--temperature", "0") for _ in range(2)]
+    seeded = [tokenrelay(cluster, *question, "--temperature", "1", "--seed", "7") for _ in range(2)]
+    for first, second in (greedy, seeded):
+        assert first.returncode == second.returncode == 0, first.stderr + second.stderr
+        assert first.stdout == second.stdout != ""
+    too_hot = tokenrelay(cluster, *question, "--temperature", "5")
+    assert_one_clear_error(too_hot, "temperature", "HTTP 400")
+
+
 def test_refusals_are_one_clear_stderr_line_and_a_failure_status(
     cluster: Cluster, http: httpx.Client
 ) -> None:
@@ -184,6 +212,11 @@ def test_batch_submit_waits_to_completed_and_downloads_every_line(
     lines = [json.loads(line) for line in results.read_text().splitlines()]
     assert sorted(line["custom_id"] for line in lines) == ["line-0", "line-1", "line-2"]
     assert all(line["response"]["status_code"] == 200 for line in lines)
+    errors, again = tmp_path / "errors.jsonl", tmp_path / "again.jsonl"
+    asked = ("batch", "download", batch_id, "--output", str(again), "--errors", str(errors))
+    no_errors = tokenrelay(cluster, *asked)
+    assert_one_clear_error(no_errors, f"batch {batch_id} has no error file", "0 of its 3")
+    assert again.read_text() == results.read_text() and not errors.exists()
 
 
 def test_batch_cancel_stops_a_running_batch_and_unknown_ids_are_one_error(

@@ -12,7 +12,7 @@ from pathlib import Path
 import httpx
 import openai
 import pytest
-from playwright.sync_api import Browser, Page, expect, sync_playwright
+from playwright.sync_api import Browser, Page, Route, expect, sync_playwright
 
 from tests.support.cluster import MODEL_NAME, Cluster, ClusterFactory
 from tokenrelay.testing.polling import eventually
@@ -129,8 +129,42 @@ def test_console_streams_a_reply_stops_it_and_shows_the_cluster(
     expect(page.locator(f'#recent-jobs tr[data-job-id="{job_id}"] td.status')).to_have_text(
         "cancelled"
     )
+    # one tokens/s figure: the playground shows its job's, as the cluster view reports it
+    row_tps = page.locator(f'#recent-jobs tr[data-job-id="{job_id}"] td.tps')
+    expect(row_tps).to_have_text(re.compile(r"^\d+\.\d$"))
+    expect(page.locator("#tps")).to_have_text(row_tps.inner_text())
+    expect(page.locator("#queues tbody tr")).to_have_count(3)  # high, normal, low
+    expect(page.locator("#queues tbody tr").first).to_contain_text(":high")
     expect(page.locator("#inflight")).to_have_text("0")
     page.screenshot(path=ARTIFACTS / "console-stopped.png")
+    page.close()
+
+
+@pytest.mark.parametrize(
+    ("path", "title"),
+    [("/docs", ".swagger-ui .info .title"), ("/redoc", "h1")],
+)
+def test_the_api_reference_pages_render_with_nothing_from_outside(
+    console_cluster: Cluster, browser: Browser, path: str, title: str
+) -> None:
+    """Swagger UI and ReDoc draw the schema with every request answered by the gateway: any
+    other host is refused, as on a machine without a network."""
+    expect.set_options(timeout=BROWSER_TIMEOUT_MS)
+    elsewhere: list[str] = []
+
+    def only_the_gateway(route: Route) -> None:
+        if route.request.url.startswith(console_cluster.base_url):
+            route.continue_()
+        else:
+            elsewhere.append(route.request.url)
+            route.abort()
+
+    page = browser.new_page(viewport={"width": 1280, "height": 800})
+    page.route("**/*", only_the_gateway)
+    page.goto(f"{console_cluster.base_url}{path}")
+    expect(page.locator(title).first).to_contain_text("tokenrelay")
+    expect(page.get_by_text("/v1/chat/completions").first).to_be_visible()
+    assert elsewhere == []
     page.close()
 
 

@@ -43,6 +43,9 @@ def cluster(redis_server: EmbeddedRedis, make_cluster: ClusterFactory) -> Cluste
         "TOKENRELAY_LEASE_TTL_S": str(LEASE_TTL_S),
         "TOKENRELAY_MAX_QUEUE_WAIT_S": "60",
         "TOKENRELAY_WORKER_CONCURRENCY": "1",
+        # One attempt: a lost job ends as these tests check, not continued
+        # (test_continuation.py).
+        "TOKENRELAY_JOB_MAX_ATTEMPTS": "1",
     }
     return make_cluster(settings, redis_url=redis_server.url, workers=0, api_workers=0)
 

@@ -119,7 +119,7 @@ def test_serve_demo_answers_from_a_directory_with_its_own_api_and_shared(
     port = free_port()
     env = {k: v for k, v in os.environ.items() if not k.startswith("TOKENRELAY_")}
     env["TOKENRELAY_CACHE_DIR"] = str(tmp_path_factory.mktemp("serve-cache"))
-    serve = [str(Path(sys.executable).parent / "tokenrelay"), "serve", "--demo"]
+    serve = [str(Path(sys.executable).parent / "tokenrelay"), "serve", "--demo", "tiny"]
     with ProcessGroup(env=env, log_dir=tmp_path_factory.mktemp("serve-logs")) as group:
         served = group.spawn("serve", [*serve, "--port", str(port)], cwd=shadowing_dir)
         url = f"http://127.0.0.1:{port}"
@@ -132,7 +132,7 @@ def test_serve_demo_answers_from_a_directory_with_its_own_api_and_shared(
                 return False
             return bool(models)
 
-        eventually(answers, SERVE_TIMEOUT_S, "tokenrelay serve --demo to list its model")
+        eventually(answers, SERVE_TIMEOUT_S, "tokenrelay serve --demo tiny to list its model")
         body = {
             "model": httpx.get(f"{url}/v1/models", timeout=5).json()["data"][0]["id"],
             "messages": [{"role": "user", "content": "hello"}],

@@ -9,6 +9,7 @@ import redis
 from fastapi.testclient import TestClient
 from openai.types import completion_create_params as completion_params
 from openai.types.chat import completion_create_params as chat_params
+from openai.types.responses import response_create_params as response_params
 
 from tokenrelay.api import app as api_app
 from tokenrelay.api.app import create_app
@@ -114,7 +115,15 @@ def test_openapi_schema_lists_the_http_surface(redis_url: str) -> None:
         "/v1/batches",
         "/v1/batches/{batch_id}",
         "/v1/batches/{batch_id}/cancel",
+        "/v1/messages",
+        "/v1/messages/count_tokens",
+        "/v1/responses",
+        "/v1/responses/input_tokens",
+        "/v1/responses/{response_id}",
+        "/v1/responses/{response_id}/cancel",
+        "/v1/responses/{response_id}/input_items",
     }
+    assert set(paths["/v1/responses/{response_id}"]) == {"get", "delete"}
     assert set(paths["/v1/jobs/{job_id}"]) == {"get", "delete"}
     assert set(paths["/v1/files"]) == {"get", "post"}
     assert set(paths["/v1/files/{file_id}"]) == {"get", "delete"}
@@ -149,6 +158,7 @@ def test_openapi_schema_lists_the_http_surface(redis_url: str) -> None:
     assert {"id", "status", "text", "usage", "error", "webhook", "webhook_events_filter"} <= set(
         job_schema["properties"]
     )
+    assert {"attempts", "workers"} <= set(job_schema["properties"])
 
 
 @pytest.mark.parametrize(
@@ -171,6 +181,30 @@ def test_every_openai_request_field_is_declared_implemented_or_refused(
     assert set(marks.values()) <= {None, REFUSED, NO_EFFECT}
     assert marks["messages" if schema_name == "ChatCompletionRequest" else "prompt"] is None
     assert marks["user"] == NO_EFFECT
+
+
+def test_every_openai_responses_field_is_declared_implemented_no_effect_or_refused(
+    redis_url: str,
+) -> None:
+    """The schema names each field of openai-python's `responses.create`: none can vanish."""
+    schema = create_app(Settings(redis_url=redis_url)).openapi()["components"]["schemas"]
+    request = schema["ResponseRequest"]
+    assert request["additionalProperties"] is False
+    openai_fields = set(response_params.ResponseCreateParamsBase.__annotations__)
+    assert openai_fields <= set(request["properties"]), openai_fields - set(request["properties"])
+    marks = {name: prop.get(SUPPORT_KEY) for name, prop in request["properties"].items()}
+    assert set(marks.values()) <= {None, REFUSED, NO_EFFECT}
+    assert {name for name, mark in marks.items() if mark == NO_EFFECT} == {
+        "user",
+        "safety_identifier",
+        "prompt_cache_key",
+        "reasoning",
+        "include",
+        "client_metadata",
+    }
+    assert marks["conversation"] == REFUSED
+    for honoured in ("input", "instructions", "tools", "text", "store", "background", "truncation"):
+        assert marks[honoured] is None, honoured
 
 
 def test_the_schema_shows_tools_implemented_for_chat_and_refused_for_jobs(
@@ -239,10 +273,13 @@ def test_every_operation_documents_its_error_responses(redis_url: str) -> None:
             continue
         for method, operation in operations.items():
             statuses = set(operation["responses"])
-            assert {"401", "503"} <= statuses, f"{method.upper()} {path}: {statuses}"
+            unavailable = "529" if path.startswith("/v1/messages") else "503"  # Anthropic's
+            assert {"401", unavailable} <= statuses, f"{method.upper()} {path}: {statuses}"
             if method == "post":
                 assert "400" in statuses, f"{method.upper()} {path}: {statuses}"
-            if method == "post" and not path.startswith(("/v1/files", "/v1/batches")):
+            # (a stored response's routes and the token count admit no job)
+            admits = not path.startswith(("/v1/files", "/v1/batches", "/v1/responses/"))
+            if method == "post" and admits:
                 assert "429" in statuses, f"{method.upper()} {path}: {statuses}"  # admits a job
 
 

@@ -25,6 +25,9 @@ from hypothesis import strategies as st
 from rq import Queue
 from schemathesis.checks import not_a_server_error
 from schemathesis.python.asgi import get_client, shutdown_lifespans
+from tokenizers import Tokenizer
+from tokenizers.models import WordLevel
+from tokenizers.pre_tokenizers import Whitespace
 
 from tokenrelay.api.api_keys import hash_key
 from tokenrelay.api.app import create_app
@@ -32,6 +35,7 @@ from tokenrelay.cli.embedded_redis import EmbeddedRedis
 from tokenrelay.shared.events import Done, Error, Started, TokenChunk, Usage
 from tokenrelay.shared.jobs import JobStatus
 from tokenrelay.shared.redis import job_scripts, keys, plane_scripts
+from tokenrelay.shared.redis.model_limits import ChatTemplate, LimitsPublisher
 from tokenrelay.shared.redis.scripts import SyncScripts
 from tokenrelay.shared.settings import Settings
 
@@ -187,6 +191,59 @@ def test_bad_completion_field_is_a_400_naming_it(
     assert_error(api.post("/v1/completions", json=payload), 400, "invalid_request_error", param)
 
 
+def responses_body(**fields: Any) -> dict[str, Any]:
+    return {"model": MODEL, "input": "hi", **fields}
+
+
+IMAGE = {"role": "user", "content": [{"type": "input_image", "image_url": "u"}]}
+RESPONSES_BAD_BODIES: list[tuple[dict[str, Any], str]] = [
+    ({"input": "hi"}, "model"),
+    (responses_body(input=5), "input"),
+    (responses_body(input=[{"role": "robot", "content": "x"}]), "input.0.role"),
+    (responses_body(input=[{"role": "user", "content": "x", "colour": 1}]), "input.0.colour"),
+    (responses_body(input=[{"type": "reasoning", "summary": []}]), "input.0.type"),
+    (responses_body(input=[IMAGE]), "input.0.content.0.type"),
+    (
+        responses_body(input=[{"type": "function_call", "name": "f", "arguments": "{}"}]),
+        "input.0.call_id",
+    ),
+    (responses_body(max_output_tokens=0), "max_output_tokens"),
+    (responses_body(max_output_tokens=1001), "max_output_tokens"),
+    (responses_body(temperature=2.5), "temperature"),
+    (responses_body(top_logprobs=21), "top_logprobs"),
+    (responses_body(tools=[{"type": "web_search"}]), "tools.0.type"),
+    (responses_body(tools=[{"type": "function", "name": "bad name"}]), "tools.0.name"),
+    (responses_body(tool_choice="required"), "tool_choice"),
+    (responses_body(text={"format": {"type": "xml"}}), "text.format"),
+    (responses_body(truncation="sometimes"), "truncation"),
+    (responses_body(metadata={"k": 1}), "metadata.k"),
+    (responses_body(conversation="conv_1"), "conversation"),
+    (responses_body(prompt={"id": "p"}), "prompt"),
+    (responses_body(background=True, store=False), "store"),
+    (responses_body(frobnicate=True), "frobnicate"),
+]
+
+
+@pytest.mark.parametrize(("payload", "param"), RESPONSES_BAD_BODIES)
+def test_bad_responses_field_is_a_400_naming_it(
+    api: TestClient, payload: dict[str, Any], param: str
+) -> None:
+    assert_error(api.post("/v1/responses", json=payload), 400, "invalid_request_error", param)
+
+
+def test_unknown_response_ids_are_404_on_every_response_route(api: TestClient) -> None:
+    for response_id in ("resp_" + "0" * 32, "0" * 32, "resp_bad%20id", "resp_" + "x" * 200):
+        for method, suffix in (
+            ("GET", ""),
+            ("GET", "?stream=true&starting_after=3"),
+            ("POST", "/cancel"),
+            ("DELETE", ""),
+            ("GET", "/input_items"),
+        ):
+            response = api.request(method, f"/v1/responses/{response_id}{suffix}")
+            assert_error(response, 404, "response_not_found", "response_id")
+
+
 def test_an_unknown_field_is_refused_not_ignored(api: TestClient) -> None:
     message = assert_error(
         api.post("/v1/chat/completions", json=body(frobnicate=True)),
@@ -229,17 +286,31 @@ def test_malformed_body_is_a_400_naming_the_body(
     assert mentions in assert_error(response, 400, "invalid_request_error", None)
 
 
-POST_ROUTES = ["/", "/chat", "/v1/chat/completions", "/v1/completions", "/v1/jobs"]
+POST_ROUTES = [
+    "/",
+    "/chat",
+    "/v1/chat/completions",
+    "/v1/completions",
+    "/v1/jobs",
+    "/v1/messages",
+    "/v1/messages/count_tokens",
+    "/v1/responses",
+]
 
 
 def assert_client_error(response: httpx.Response, path: str) -> str:
-    """A 4xx in the OpenAI error shape, or in the first article's own on `POST /` (where the
-    route answers; a refusal before it, such as a 413 or 401, keeps the OpenAI shape)."""
+    """A 4xx in the OpenAI error shape, in Anthropic's under `/v1/messages`, or in the first
+    article's own on `POST /` (where the route answers; a refusal before it, such as a 413 or
+    401, keeps the OpenAI shape)."""
     assert 400 <= response.status_code < 500, response.text
     body = response.json()
     if path == "/" and "status" in body:
         assert body["status"] == response.status_code
         return str(body["response"])
+    if path.startswith("/v1/messages"):
+        assert body["type"] == "error"
+        assert set(body["error"]) == {"type", "message"}
+        return str(body["error"]["message"])
     assert set(body["error"]) == {"message", "type", "param", "code"}
     return str(body["error"]["message"])
 
@@ -444,6 +515,23 @@ def guarded_app_settings(redis_url: str, tmp_path: Path) -> Settings:
     )
 
 
+def publish_a_tokenizer(redis_url: str) -> None:
+    """A word-level tokenizer and a one-line chat template for the served model, as a worker
+    publishes them: `POST /v1/messages/count_tokens` counts with them instead of answering
+    that no worker published any (a 529, which would read as a server error here)."""
+    tokenizer = Tokenizer(WordLevel({"[UNK]": 0}, unk_token="[UNK]"))
+    tokenizer.pre_tokenizer = Whitespace()
+    template = ChatTemplate(
+        templates={"default": "{% for m in messages %}{{ m.content }}{% endfor %}"}
+    )
+    publisher = LimitsPublisher(Settings().model_id, 2048, 32_768, tokenizer.to_str(), template)
+    client = redis.Redis.from_url(redis_url)
+    try:
+        publisher.publish(client)
+    finally:
+        client.close()
+
+
 def hold_the_quota(post: Any) -> None:
     held = post(
         "http://testserver/v1/jobs",
@@ -455,6 +543,7 @@ def hold_the_quota(post: Any) -> None:
 
 @pytest.fixture
 def asgi_session(guarded_app_settings: Settings) -> Iterator[requests.Session]:
+    publish_a_tokenizer(guarded_app_settings.redis_url)
     with get_client(create_app(guarded_app_settings)) as session:
         hold_the_quota(session.post)
         yield session
@@ -480,6 +569,7 @@ def test_schemathesis_finds_no_server_error(
 
 @pytest.fixture
 def guarded_api(guarded_app_settings: Settings) -> Iterator[TestClient]:
+    publish_a_tokenizer(guarded_app_settings.redis_url)
     with TestClient(create_app(guarded_app_settings), raise_server_exceptions=False) as client:
         hold_the_quota(client.post)
         yield client

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import logging
 import re
 from collections.abc import Iterator
 from typing import Any
@@ -13,6 +14,7 @@ import rq
 from fastapi.testclient import TestClient
 
 from tokenrelay.api.app import create_app
+from tokenrelay.api.middleware.request_log import LOGGER_NAME, POLL_HEADER
 from tokenrelay.api.routes.console import STATIC_DIR
 from tokenrelay.shared.redis import job_scripts, keys
 from tokenrelay.shared.redis.rq_jobs import GENERATE_FUNCTION
@@ -63,7 +65,10 @@ def test_cluster_view_reports_admission_queues_jobs_and_rejections(
     view = response.json()
     assert view["model"] == "m"
     assert (view["in_flight"], view["max_inflight"]) == (1, 1)
-    assert {"name": keys.generation_queue("m", "normal"), "queued": 1} in view["queues"]
+    assert view["queues"] == [  # every priority of the served model, before any job used it
+        {"name": keys.generation_queue("m", priority), "queued": int(priority == "normal")}
+        for priority in ("high", "normal", "low")
+    ]
     assert view["workers"] == []
     assert view["rejections"] == {"cluster_overloaded": 1}
     [job] = view["recent_jobs"]
@@ -136,7 +141,27 @@ def test_cluster_view_shows_each_workers_own_model_and_capacity_and_no_foreign_r
         "m",
         None,
     )
-    assert view["queues"] == []
+    # every priority of each model served here or by a worker, none of another application's
+    assert [queue["name"] for queue in view["queues"]] == [
+        keys.generation_queue(model, priority)
+        for model in ("m", "other")
+        for priority in ("high", "normal", "low")
+    ]
+    assert {queue["queued"] for queue in view["queues"]} == {0}
+
+
+def test_the_consoles_polls_are_logged_at_debug(
+    open_client: TestClient, caplog: pytest.LogCaptureFixture
+) -> None:
+    """An open console refreshes its views every second: those requests carry the poll
+    header (as `tokenrelay top`'s do) and stay out of the INFO log."""
+    caplog.set_level(logging.DEBUG, logger=LOGGER_NAME)
+    assert open_client.get("/v1/cluster", headers={POLL_HEADER: "1"}).status_code == 200
+    assert open_client.get("/v1/cluster").status_code == 200
+    levels = [record.levelno for record in caplog.records if record.name == LOGGER_NAME]
+    assert levels == [logging.DEBUG, logging.INFO]
+    script = (STATIC_DIR / "console.js").read_text()
+    assert re.search(rf'"{POLL_HEADER}": "1"', script, re.IGNORECASE)
 
 
 def test_cluster_view_needs_an_admin_key_when_keys_are_on(keyed_client: TestClient) -> None:

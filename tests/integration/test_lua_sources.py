@@ -27,6 +27,7 @@ SCRIPTS = {
         "FINISH",
         "CANCEL",
         "REAP",
+        "HANDOVER",
         "RENEW",
         "REGISTER_WORKER",
         "LIVE_MODELS",

@@ -65,11 +65,13 @@ def test_scrape_is_prometheus_text_with_every_documented_family(client: TestClie
         "tokenrelay_requests_in_flight_limit",
         "tokenrelay_queue_depth",
         "tokenrelay_workers",
+        "tokenrelay_job_migrations",
         "tokenrelay_redis_up",
     } <= names
     assert value(samples, "tokenrelay_redis_up") == 1
     assert value(samples, "tokenrelay_requests_in_flight_limit") == 1
     assert value(samples, "tokenrelay_workers") == 0
+    assert value(samples, "tokenrelay_job_migrations_total") == 0
     assert "/metrics" not in client.app.openapi()["paths"]  # type: ignore[attr-defined]
 
 
@@ -144,7 +146,10 @@ def test_only_tokenrelays_queues_and_workers_are_counted(
         for (name, labels), count in samples.items()
         if name == "tokenrelay_queue_depth"
     }
-    assert depths == {keys.generation_queue("m", "normal"): 1}
+    assert depths == {  # every priority of the served model, none of another application's
+        keys.generation_queue("m", priority): int(priority == "normal")
+        for priority in ("high", "normal", "low")
+    }
     assert value(samples, "tokenrelay_workers") == 1
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import subprocess
 import sys
 import threading
@@ -18,7 +19,7 @@ from rq.registry import FailedJobRegistry, FinishedJobRegistry, StartedJobRegist
 from rq.serializers import JSONSerializer
 from rq.suspension import resume, suspend
 
-from tokenrelay.shared.errors import Overloaded
+from tokenrelay.shared.errors import ContextLengthExceeded, InvalidRequest, Overloaded
 from tokenrelay.shared.generation import ChatMessage, GenerationRequest
 from tokenrelay.shared.redis import job_scripts, keys
 from tokenrelay.shared.redis.rq_jobs import (
@@ -491,4 +492,41 @@ def test_a_job_past_its_timeout_fails_with_rqs_timeout_error(redis_url: str) -> 
     assert failure is not None and failure.exc_string is not None
     assert "JobTimeoutException" in failure.exc_string
     assert "maximum timeout value (1 seconds)" in failure.exc_string
+    connection.close()
+
+
+@pytest.mark.parametrize(
+    ("raised", "client_mistake"),
+    [
+        (ContextLengthExceeded("the prompt asks for 2076 tokens of 2048"), True),
+        (InvalidRequest("`response_format` has a schema this model cannot follow"), True),
+        (RuntimeError("the engine broke"), False),
+    ],
+)
+def test_a_job_refused_for_its_request_is_one_info_line_not_a_traceback(
+    redis_url: str, caplog: pytest.LogCaptureFixture, raised: Exception, client_mistake: bool
+) -> None:
+    caplog.set_level(logging.INFO)
+    connection = redis.Redis.from_url(redis_url)
+    request = GenerationRequest(
+        model="m", messages=(ChatMessage(role="user", content="hi"),), max_tokens=3
+    )
+    _admit_and_enqueue(connection, Settings(redis_url=redis_url), "job1", request)
+
+    def generate(job_id: str, request: dict[str, object]) -> dict[str, str]:
+        raise raised
+
+    worker = build_worker(connection, "test-worker", {GENERATE_FUNCTION: generate}, model="m")
+    worker.work(burst=True)
+    queue = generation_queue(connection, "m", "normal")
+    assert FailedJobRegistry(queue=queue).get_job_ids() == ["job1"]  # RQ still tells the truth
+    about_the_job = [record for record in caplog.records if "job1" in record.getMessage()]
+    errors = [record for record in about_the_job if record.levelno >= logging.ERROR]
+    if client_mistake:
+        assert errors == []
+        [line] = [record for record in about_the_job if "refused" in record.getMessage()]
+        assert line.levelno == logging.INFO and line.exc_info is None
+        assert str(raised) in line.getMessage() and "\n" not in line.getMessage()
+    else:
+        assert errors and "Traceback" in errors[0].getMessage()
     connection.close()

@@ -242,9 +242,7 @@ def test_emit_publishes_the_events_of_a_readers_jobs_in_one_message_per_call(
         [],
         [],
     ]
-    assert run.run(
-        plane_scripts.emit(settings, [("a", 2, chunk("again")), *first[1:2]], readers)
-    ) == [
+    assert run.run(plane_scripts.emit(settings, [("a", 2, chunk("a2")), *first[1:2]], readers)) == [
         [],
         [],
     ]

@@ -4,6 +4,8 @@ module writes one, and every collected test carries exactly its folder's."""
 from __future__ import annotations
 
 import re
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -32,3 +34,20 @@ def test_this_test_carries_its_folders_marker(request: pytest.FixtureRequest) ->
 def test_every_cost_folder_holds_tests() -> None:
     for folder in COST_FOLDERS:
         assert list((TESTS / folder).glob("test_*.py")), f"tests/{folder} holds no test"
+
+
+def collected(*arguments: str) -> list[str]:
+    """The test ids `pytest --collect-only ARGUMENTS` lists (nothing runs)."""
+    command = [sys.executable, "-m", "pytest", "--collect-only", "-q", "-p", "no:cacheprovider"]
+    result = subprocess.run(
+        [*command, *arguments], cwd=TESTS.parent, capture_output=True, text=True, timeout=100
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
+    return [line for line in result.stdout.splitlines() if "::" in line]
+
+
+def test_a_subfolder_is_a_marker_of_its_own_beside_its_cost() -> None:
+    folder = collected("tests/e2e/real_model")
+    assert folder
+    marked = collected("-m", "e2e and real_model", "tests/e2e/real_model", "tests/e2e/test_cli.py")
+    assert marked == folder

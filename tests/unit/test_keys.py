@@ -16,7 +16,10 @@ def test_key_strings_are_pinned() -> None:
     assert keys.worker("w1") == "tokenrelay:worker:w1"
     assert keys.recent_jobs() == "tokenrelay:recent-jobs"
     assert keys.rejections() == "tokenrelay:rejections"
+    assert keys.migrations() == "tokenrelay:migrations"
     assert keys.replication_mark() == "tokenrelay:replication-mark"
+    assert keys.tokenizer("ab12") == "tokenrelay:tokenizer:ab12"
+    assert keys.chat_template("ab12") == "tokenrelay:chat-template:ab12"
     assert keys.generation_queue("Qwen/Qwen2-0.5B-Instruct", "high") == (
         "tokenrelay:Qwen/Qwen2-0.5B-Instruct:high"
     )
@@ -39,3 +42,8 @@ def test_webhook_key_strings_are_pinned() -> None:
     assert keys.webhook_retries() == "tokenrelay:webhooks:retries"
     assert keys.webhook_processing("d1") == "tokenrelay:webhooks:processing:d1"
     assert keys.webhook_dispatchers() == "tokenrelay:webhooks:dispatchers"
+
+
+def test_responses_key_strings_are_pinned() -> None:
+    assert keys.response("resp_abc") == "tokenrelay:response:resp_abc"
+    assert keys.unsettled_responses() == "tokenrelay:responses:unsettled"

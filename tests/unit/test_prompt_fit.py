@@ -16,9 +16,14 @@ from tokenizers.pre_tokenizers import Whitespace
 
 from tokenrelay.api.jobs.prompt_fit import PromptFit
 from tokenrelay.shared.errors import ContextLengthExceeded
-from tokenrelay.shared.generation import ChatMessage, GenerationRequest
+from tokenrelay.shared.generation import ChatMessage, FunctionTool, GenerationRequest
 from tokenrelay.shared.redis import keys
-from tokenrelay.shared.redis.model_limits import LIMITS_TTL_S, LimitsPublisher, ModelLimits
+from tokenrelay.shared.redis.model_limits import (
+    LIMITS_TTL_S,
+    ChatTemplate,
+    LimitsPublisher,
+    ModelLimits,
+)
 
 MODEL = "m"
 
@@ -127,3 +132,53 @@ def test_unreadable_limits_or_tokenizer_leave_the_decision_to_the_worker(
     client.set(keys.tokenizer("f00"), '{"version": "from the future"}')
     check(server, chat(5000, max_tokens=10))
     client.close()
+
+
+# A chat template that adds a default system prompt (five words) unless the chat opens with a
+# system turn, three words per turn, the offered tools' names and descriptions, and one word
+# to open the reply: with the word tokenizer, every word is a token.
+TEMPLATE = (
+    "{% if messages[0].role != 'system' %}you are a helpful assistant {% endif %}"
+    "{% for m in messages %}{{ m.role }} {{ m.content }} end {% endfor %}"
+    "{% for t in tools or [] %}tool {{ t.function.name }} {{ t.function.description }} "
+    "{% endfor %}assistant"
+)
+CONTEXT = 100
+
+
+def publish_with_template(server: fakeredis.FakeServer) -> None:
+    client = fakeredis.FakeRedis(server=server)
+    template = ChatTemplate(templates={"default": TEMPLATE})
+    LimitsPublisher(MODEL, CONTEXT, CONTEXT, word_tokenizer(), template).publish(client)
+    client.close()
+
+
+def question(max_tokens: int, description_words: int = 0) -> GenerationRequest:
+    """One word asked (nine tokens with the template), with a tool described in so many words."""
+    tools: tuple[FunctionTool, ...] = ()
+    if description_words:
+        tools = (FunctionTool(name="f", description=" ".join(["w"] * description_words)),)
+    return GenerationRequest(
+        model=MODEL,
+        messages=(ChatMessage(role="user", content="w"),),
+        max_tokens=max_tokens,
+        tools=tools,
+    )
+
+
+def test_what_the_chat_template_adds_counts_at_admission(server: fakeredis.FakeServer) -> None:
+    """A short question with `max_tokens` just under the window, the common mistake: its
+    contents fit, the template's system prompt and markup do not."""
+    publish(server, CONTEXT, CONTEXT, word_tokenizer())
+    check(server, question(CONTEXT - 5))  # no template published: the worker decides
+    publish_with_template(server)
+    with pytest.raises(ContextLengthExceeded, match="the request asks for at least"):
+        check(server, question(CONTEXT - 5))
+    check(server, question(CONTEXT - 9))  # nine tokens of prompt: exactly the window
+
+
+def test_the_tools_text_counts_at_admission(server: fakeredis.FakeServer) -> None:
+    publish_with_template(server)
+    check(server, question(50, description_words=5))
+    with pytest.raises(ContextLengthExceeded):
+        check(server, question(50, description_words=45))  # 9 + 47 + 50 tokens

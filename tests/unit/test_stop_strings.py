@@ -45,3 +45,22 @@ def test_the_stop_string_itself_is_kept_when_asked() -> None:
     sent = matcher.feed("Thought: go\nObserv") + matcher.feed("ation: x")
     assert sent == "Thought: go\nObservation:"
     assert matcher.stopped
+
+
+@pytest.mark.parametrize(
+    ("stops", "chunks", "matched"),
+    [
+        (["END", "\n"], ["a\nb END"], "\n"),
+        (["END", "\n"], ["a E", "ND\n"], "END"),
+        (["ab", "b"], ["xa", "b"], "ab"),
+        (["END"], ["no stop here"], None),
+    ],
+)
+def test_the_stop_string_that_ended_the_text_is_named(
+    stops: list[str], chunks: list[str], matched: str | None
+) -> None:
+    """Anthropic's Messages API reports it as `stop_sequence`."""
+    matcher = StopStringMatcher(stops)
+    for chunk in chunks:
+        matcher.feed(chunk)
+    assert matcher.matched == matched

@@ -1,7 +1,10 @@
-"""The tool-call parser on its own: the same calls whole and streamed in any slicing,
-content around them, held-back prefixes, calls that are not calls, cut-short calls."""
+"""The `qwen` tool-call parser (`<tool_call>` tags) on its own: the same calls whole and
+streamed in any slicing, content around them, held-back prefixes, calls that are not calls,
+cut-short calls; `hermes` is the same parser."""
 
 from __future__ import annotations
+
+from typing import Literal
 
 import pytest
 
@@ -36,7 +39,7 @@ def test_streamed_pieces_add_up_to_the_whole_replys_calls(step: int) -> None:
         if isinstance(piece, Arguments):
             arguments[piece.index] += piece.text
     assert arguments == ['{"city": "Par}is", "n": {"x": 1}}', "{}"]
-    content, calls = parse_reply(REPLY)
+    content, calls = parse_reply(REPLY, ToolCallParser())
     assert content == "Let me check.\n"
     assert [(c.name, c.arguments) for c in calls] == [
         ("get_weather", arguments[0]),
@@ -46,12 +49,12 @@ def test_streamed_pieces_add_up_to_the_whole_replys_calls(step: int) -> None:
 
 
 def test_without_parallel_calls_only_the_first_is_kept() -> None:
-    _, calls = parse_reply(REPLY, parallel=False)
+    _, calls = parse_reply(REPLY, ToolCallParser(parallel=False))
     assert [c.name for c in calls] == ["get_weather"]
 
 
 def test_text_that_only_looks_like_a_call_start_is_content() -> None:
-    assert parse_reply("a <tool text") == ("a <tool text", [])
+    assert parse_reply("a <tool text", ToolCallParser()) == ("a <tool text", [])
     parser = ToolCallParser()
     assert parser.feed("x <tool_") == [Content("x ")]
     assert parser.feed("cal") == []
@@ -60,16 +63,28 @@ def test_text_that_only_looks_like_a_call_start_is_content() -> None:
 
 def test_a_call_that_is_not_a_call_object_is_given_back_as_content() -> None:
     text = "a<tool_call>not json</tool_call>b"
-    assert parse_reply(text) == (text, [])
+    assert parse_reply(text, ToolCallParser()) == (text, [])
 
 
 def test_a_call_with_its_keys_in_another_order_is_still_a_call() -> None:
-    content, calls = parse_reply('<tool_call>{"arguments": {"q": 1}, "name": "z"}</tool_call>')
+    text = '<tool_call>{"arguments": {"q": 1}, "name": "z"}</tool_call>'
+    content, calls = parse_reply(text, ToolCallParser())
     assert content is None
     assert [(c.name, c.arguments) for c in calls] == [("z", '{"q": 1}')]
 
 
 def test_a_call_cut_short_keeps_the_arguments_it_had() -> None:
-    content, calls = parse_reply('<tool_call>{"name": "f", "arguments": {"q": "ab')
+    text = '<tool_call>{"name": "f", "arguments": {"q": "ab'
+    content, calls = parse_reply(text, ToolCallParser())
     assert content is None
     assert [(c.name, c.arguments) for c in calls] == [("f", '{"q": "ab')]
+
+
+@pytest.mark.parametrize("name", ["qwen", "hermes"])
+def test_qwen_and_hermes_name_the_tag_parser_and_neither_reads_a_bare_json_call(
+    name: Literal["qwen", "hermes"],
+) -> None:
+    parser = ToolCallParser(name=name, functions=["get_time"])
+    assert parse_reply(REPLY, parser)[1][1].name == "get_time"
+    bare = '{"name": "get_time", "arguments": {}}'
+    assert parse_reply(bare, ToolCallParser(name=name, functions=["get_time"])) == (bare, [])

@@ -5,7 +5,6 @@ with `skip_tokenizer_init`), so that our tokenizer, decoder and stop strings sta
 
 from __future__ import annotations
 
-import json
 import socket
 from collections.abc import Sequence
 from pathlib import Path
@@ -13,6 +12,7 @@ from typing import Any
 from urllib.parse import urlparse
 
 from tokenrelay.shared.generation import ChatMessage, FunctionTool
+from tokenrelay.shared.redis.model_limits import ChatTemplate
 from tokenrelay.worker.engines.protocol import IncrementalDecoder, ModelLoadError
 
 _HUB_PROBE_TIMEOUT_S = 5.0
@@ -59,7 +59,7 @@ class ModelFiles:
         self, messages: Sequence[ChatMessage], tools: Sequence[FunctionTool] = ()
     ) -> list[int]:
         ids: Any = self.tokenizer.apply_chat_template(
-            [_template_message(m) for m in messages],
+            [m.template_form() for m in messages],
             tools=[tool.template_form() for tool in tools] or None,
             add_generation_prompt=True,
             tokenize=True,
@@ -76,30 +76,15 @@ class ModelFiles:
     def tokenizer_json(self) -> str:
         return str(self.tokenizer.backend_tokenizer.to_str())
 
-
-def _template_message(message: ChatMessage) -> dict[str, Any]:
-    """A turn as chat templates take it: Hugging Face's convention has a tool call's
-    `arguments` as an object (Qwen2's template writes it with `tojson`)."""
-    turn: dict[str, Any] = {"role": message.role, "content": message.content}
-    if message.tool_calls:
-        turn["tool_calls"] = [
-            {
-                "id": call.id,
-                "type": "function",
-                "function": {"name": call.name, "arguments": _arguments(call.arguments)},
-            }
-            for call in message.tool_calls
-        ]
-    if message.tool_call_id is not None:
-        turn["tool_call_id"] = message.tool_call_id
-    return turn
-
-
-def _arguments(text: str) -> Any:
-    try:
-        return json.loads(text)
-    except ValueError:
-        return text
+    def chat_template(self) -> ChatTemplate | None:
+        """The template(s) `encode_chat` renders, and the special tokens transformers passes
+        them."""
+        source = self.tokenizer.chat_template
+        if source is None:
+            return None
+        templates = dict(source) if isinstance(source, dict) else {"default": source}
+        special: dict[str, str | list[str]] = dict(self.tokenizer.special_tokens_map)
+        return ChatTemplate(templates=templates, special_tokens=special)
 
 
 def check_reachable(model_name: str) -> None:
@@ -155,3 +140,6 @@ class ModelFilesMethods:
 
     def tokenizer_json(self) -> str | None:
         return self._files.tokenizer_json()
+
+    def chat_template(self) -> ChatTemplate | None:
+        return self._files.chat_template()

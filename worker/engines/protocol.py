@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from typing import Literal, Protocol
 
 from tokenrelay.shared.generation import ChatMessage, FunctionTool
+from tokenrelay.shared.redis.model_limits import ChatTemplate
 
 
 @dataclass(frozen=True)
@@ -59,6 +60,9 @@ class TokenOutput:
     token_id: int | None
     finish_reason: Literal["stop", "length"] | None = None
     logprob: Logprob | None = None
+    #: Prompt tokens served from a prefix cache, not prefilled, told on one output of the
+    #: sequence (its first in the transformers engine, its last in vLLM's); 0 on the others.
+    cached_tokens: int = 0
 
 
 class IncrementalDecoder(Protocol):
@@ -100,6 +104,11 @@ class Engine(Protocol):
     def tokenizer_json(self) -> str | None:
         """The tokenizer in `tokenizers`' JSON form, for API nodes to count prompt tokens at
         admission (`shared.redis.model_limits`); None where the engine has none to share."""
+        ...
+
+    def chat_template(self) -> ChatTemplate | None:
+        """The chat template `encode_chat` applies, for API nodes to count a chat's prompt
+        tokens exactly (`shared.redis.model_limits`); None where the engine has none."""
         ...
 
     def add(self, seq_id: str, prompt_ids: list[int], params: SamplingParams) -> None: ...

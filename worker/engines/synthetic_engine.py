@@ -19,6 +19,7 @@ from dataclasses import dataclass
 
 from tokenrelay.shared.errors import InvalidRequest
 from tokenrelay.shared.generation import ChatMessage, FunctionTool
+from tokenrelay.shared.redis.model_limits import ChatTemplate
 from tokenrelay.worker.engines.protocol import IncrementalDecoder, SamplingParams, TokenOutput
 
 _VOCAB = ("lorem ", "ipsum ", "dolor ", "sit ", "amet ", "consectetur ", "adipiscing ", "elit ")
@@ -82,6 +83,9 @@ class SyntheticEngine:
         )
 
     def tokenizer_json(self) -> str | None:
+        return None
+
+    def chat_template(self) -> ChatTemplate | None:
         return None
 
     def add(self, seq_id: str, prompt_ids: list[int], params: SamplingParams) -> None:

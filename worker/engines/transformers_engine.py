@@ -13,6 +13,14 @@ prefill per token), and a sequence waiting to join waits at most one decode step
 or removed rows are dropped at once (`index_select`), and padding columns no row needs any
 more are trimmed, so the cache never holds more than the longest row.
 
+With a prefix cache (`worker.engines.prefix_cache`, `prefix_cache_bytes` > 0), every
+prefill keeps the KV of its whole prompt blocks (each chunk of a long prompt as it is
+prefilled), and a sequence whose prompt starts with cached blocks, looked up when its
+prefill comes, starts from them: it is prefilled alone, as a chunked prompt's next chunk is,
+from the position after the hit. The hit leaves at least the prompt's last token to prefill,
+whose logits give the first token. Only a forward pass that completed stores anything, so a
+sequence removed or failed part-way leaves no partial block.
+
 A bfloat16 model on a CPU with bfloat16 instructions runs its linear layers on oneDNN's
 prepacked weights (`worker.engines.packed_linear`) unless `pack_bf16` is off; float32 is
 untouched.
@@ -23,7 +31,7 @@ HOT PATH (docs/architecture.md, "The per-token path"): measure with
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import torch
@@ -32,6 +40,7 @@ from tokenrelay.worker.engines.grammar import GrammarCompiler, GrammarState
 from tokenrelay.worker.engines.logits_processor import LogitsProcessor
 from tokenrelay.worker.engines.model_files import ModelFiles, ModelFilesMethods, check_reachable
 from tokenrelay.worker.engines.packed_linear import can_pack, pack_linears
+from tokenrelay.worker.engines.prefix_cache import PrefixCache, cache_of
 from tokenrelay.worker.engines.protocol import ModelLoadError, SamplingParams, TokenOutput
 from tokenrelay.worker.engines.sampling import new_generator, raw_logprob, sample_token
 from tokenrelay.worker.engines.token_bytes import TokenBytes
@@ -54,9 +63,13 @@ class _Joiner:
     seq_id: str
     prompt_ids: list[int]
     params: SamplingParams
-    #: Prompt tokens already in `cache` (a prompt prefilled in chunks).
+    #: Prompt tokens already in `cache` (a prompt prefilled in chunks, or a prefix hit).
     prefilled: int = 0
     cache: Any = None
+    #: The prompt's block hashes, once its prefix has been looked up (with a prefix cache).
+    hashes: list[bytes] | None = None
+    #: Prompt tokens whose KV came from the prefix cache.
+    cached: int = 0
 
 
 class TransformersEngine(ModelFilesMethods):
@@ -67,6 +80,8 @@ class TransformersEngine(ModelFilesMethods):
         dtype: str = "auto",
         max_prefill_tokens: int = 2048,
         pack_bf16: bool = True,
+        prefix_cache_bytes: int = 0,
+        prefix_block_tokens: int = 16,
     ) -> None:
         from transformers import AutoModelForCausalLM
 
@@ -105,6 +120,10 @@ class TransformersEngine(ModelFilesMethods):
         self._max_prefill_tokens = max_prefill_tokens
         self._token_bytes = TokenBytes(self.tokenizer)
         self._grammar_compiler: GrammarCompiler | None = None
+        self.prefix_cache: PrefixCache | None = None
+        if prefix_cache_bytes > 0:
+            namespace = f"{model_name}|{self.model.dtype}"
+            self.prefix_cache = PrefixCache(prefix_cache_bytes, prefix_block_tokens, namespace)
 
     def token_bytes(self, token_id: int) -> bytes:
         return self._token_bytes(token_id)
@@ -134,10 +153,14 @@ class TransformersEngine(ModelFilesMethods):
     def _prefill(self) -> list[TokenOutput]:
         budget = self._max_prefill_tokens
         first = self._joiners[0]
+        self._reuse(first)
         if first.prefilled or len(first.prompt_ids) > budget:
             return self._prefill_chunk(first)
         count, width = 0, 0
-        for joiner in self._joiners:  # only the first can be part-way prefilled
+        for joiner in self._joiners:  # only the first can be part-way prefilled by chunks
+            self._reuse(joiner)
+            if joiner.prefilled:  # a prefix hit: prefilled alone, when it comes first
+                break
             wider = max(width, len(joiner.prompt_ids))
             if (count + 1) * wider > budget:
                 break
@@ -157,6 +180,8 @@ class TransformersEngine(ModelFilesMethods):
             use_cache=True,
             **self._prefill_options,
         )
+        for i, joiner in enumerate(joiners):
+            self._keep_prefix(joiner, output.cache, i, width - len(joiner.prompt_ids))
         rows = [self._new_row(j, len(j.prompt_ids)) for j in joiners]
         self._merge(output.cache, mask, rows)
         return self._sample(rows, output.logits[:, -1, :])
@@ -178,12 +203,34 @@ class TransformersEngine(ModelFilesMethods):
             **self._prefill_options,
         )
         joiner.cache, joiner.prefilled = output.cache, end
+        self._keep_prefix(joiner, output.cache, 0, 0)
         if end < len(joiner.prompt_ids):
             return []
         self._joiners.remove(joiner)
         row = self._new_row(joiner, end)
         self._merge(output.cache, mask, [row])
-        return self._sample([row], output.logits[:, -1, :])
+        outputs = self._sample([row], output.logits[:, -1, :])
+        return [replace(out, cached_tokens=joiner.cached) for out in outputs]
+
+    def _reuse(self, joiner: _Joiner) -> None:
+        """Start the joiner from the longest cached prefix of its prompt, but for its last
+        token (once: a lookup when its prefill comes finds what earlier prefills stored)."""
+        if self.prefix_cache is None or joiner.hashes is not None:
+            return
+        joiner.hashes = self.prefix_cache.hashes(joiner.prompt_ids)
+        usable = (len(joiner.prompt_ids) - 1) // self.prefix_cache.block_tokens
+        blocks = self.prefix_cache.match(joiner.hashes[:usable])
+        if blocks:
+            joiner.cache = cache_of(blocks, self.model.config)
+            joiner.prefilled = joiner.cached = len(blocks) * self.prefix_cache.block_tokens
+
+    def _keep_prefix(self, joiner: _Joiner, cache: Any, row: int, first_column: int) -> None:
+        """Store the whole blocks of the joiner's prompt that `cache` now holds."""
+        if self.prefix_cache is None or joiner.hashes is None:
+            return
+        tokens = joiner.prefilled or len(joiner.prompt_ids)
+        whole = joiner.hashes[: tokens // self.prefix_cache.block_tokens]
+        self.prefix_cache.store(whole, cache, row, first_column)
 
     def _new_row(self, joiner: _Joiner, length: int) -> _Row:
         params = joiner.params

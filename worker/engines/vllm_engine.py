@@ -33,7 +33,7 @@ from __future__ import annotations
 
 import os
 from collections import OrderedDict
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Literal
 
 from tokenrelay.worker.engines import vllm_top_k
@@ -204,6 +204,9 @@ class VllmEngine(ModelFilesMethods):
             if finish is not None and not token_ids:
                 outputs.append(TokenOutput(seq_id, None, finish))
             if finish is not None:
+                # vLLM's own prefix cache hit, told once: on the sequence's last output.
+                cached = int(result.num_cached_tokens or 0)
+                outputs[-1] = replace(outputs[-1], cached_tokens=cached)
                 self._sequences.pop(seq_id, None)
         return outputs
 

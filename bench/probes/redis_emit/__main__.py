@@ -48,7 +48,8 @@ from tokenrelay.shared.settings import Settings
 MODES = ("own-channel", "reader")
 _READER = "bench-api-process"
 _STARTED = '{"type":"started"}'
-_EVENT = '{"type":"token","text":"lorem ","tokens":1}'
+_EVENT = '{"type":"token","text":"lorem ","tokens":1,"token_ids":[29256]}'
+"""A one-token chunk as a worker sends it, with its token's id (what a continuation reads)."""
 
 
 def _calls(client: redis.Redis) -> int:

@@ -26,6 +26,10 @@
 -- as the append), and an event's seq is read as a number only on the rare paths (a resend,
 -- a gap, a call that carries MAXLEN): the common one compares the XADD's id with the
 -- event's, as strings (Lua makes numbers of strings, and strings of numbers, slowly).
+-- A resend is compared with what the log holds at its seq (the rare path): a different
+-- event there means the job was continued by another worker (its Started event took the
+-- seq this worker's next event meant to take: docs/operations/failure-behaviour.md), so
+-- this worker's events are dropped and the job is reported no longer running here.
 -- Returns {ids of jobs no longer running, {id, next seq} flattened for jobs whose log has a
 -- gap}.
 local gone, behind, refused, expect = {}, {}, {}, {}
@@ -50,9 +54,27 @@ end
 
 local maxlen, publish = tonumber(ARGV[1]), ARGV[2]
 
+-- Whether the log holds another event than `payload` at `entry` (a trimmed one: not known).
+local function superseded(log, entry, payload)
+  local stored = redis.call('XRANGE', log, entry, entry)[1]
+  return stored ~= nil and stored[2][2] ~= payload
+end
+
+-- Drop the job's events in this call and report it no longer running here.
+local function refuse(id)
+  refused[id] = true
+  table.insert(gone, id)
+end
+
 -- Append the event to the job's log as its next one; whether it was (else it was dropped).
 local function append(log, id, entry, payload)
-  if refused[id] or (expect[id] and seq_of(entry) < expect[id]) then  -- a known resend
+  if refused[id] then
+    return false
+  end
+  if expect[id] and seq_of(entry) < expect[id] then  -- a known resend
+    if superseded(log, entry, payload) then
+      refuse(id)
+    end
     return false
   end
   local added
@@ -65,8 +87,7 @@ local function append(log, id, entry, payload)
     return true
   end
   if type(added) ~= 'string' then  -- no log, or a closed one
-    refused[id] = true
-    table.insert(gone, id)
+    refuse(id)
     return false
   end
   local next_seq = seq_of(added)
@@ -77,6 +98,8 @@ local function append(log, id, entry, payload)
     refused[id] = true
     table.insert(behind, id)
     table.insert(behind, next_seq)
+  elseif superseded(log, entry, payload) then
+    refuse(id)
   end
   return false
 end

@@ -3,7 +3,9 @@
 -- ARGV[11] final event (JSON without seq), ARGV[12] the seq the final event must get
 -- (-1: any; the job's worker passes its count of events, so a log that lost some of them is
 -- never closed), ARGV[13] '1' when ARGV[14] is the job's whole text, stored when this call
--- ends it (EMIT writes none: its worker holds it), else '0'; ARGV[15..] the events its
+-- ends it (EMIT writes none: its worker holds it), else '0'; ARGV[15] the worker ending it
+-- ('' for none: the API): a running job another worker runs now (a continuation took it over
+-- from this one, which was thought dead) is left alone, 0; ARGV[16..] the events its
 -- worker has not had applied yet, pairs of seq and event (JSON without seq): appended first,
 -- each only at the log's next seq, as EMIT would (a resend is skipped, a gap refused), and
 -- published where the job's other events are (its reader's channel, all in one message, else
@@ -24,7 +26,7 @@
 local function append_carried(id, seq, reader)
   local log, lines = key(T_LOG, id), {}
   local channel = not reader and key(T_CHAN, id) or nil  -- else batched into `lines`
-  for i = 15, #ARGV, 2 do
+  for i = 16, #ARGV, 2 do
     local event_seq = tonumber(ARGV[i])
     if event_seq > seq then
       return nil
@@ -46,6 +48,9 @@ end
 local id, status, expected = ARGV[8], ARGV[9], tonumber(ARGV[12])
 local reads = finish_reads(id)
 local current, seq = reads[1], nil
+if ARGV[15] ~= '' and current == S_RUNNING and reads[6] ~= ARGV[15] then
+  return 0
+end
 if expected >= 0 then
   seq = next_seq(id)
   if current == S_QUEUED then

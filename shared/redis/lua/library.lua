@@ -16,7 +16,10 @@
 -- not sent with each call): the job hash's field names as F_* (`jobs.JobField`), the job
 -- statuses as S_* (`jobs.JobStatus`) and SCRIPT_ERRORS, the errors scripts end jobs with, as
 -- JSON: {lease_expired, queue_wait_expired, cancelled_before_start} each {type, message,
--- event} (`shared.errors`), decoded only by a script that ends a job with one.
+-- event} (`shared.errors`), decoded only by a script that ends a job with one; RQ's names a
+-- continuation uses (RQ_JOB_PREFIX, RQ_QUEUE_PREFIX, RQ_STARTED_PREFIX, RQ_ORIGIN, RQ_STATUS,
+-- RQ_QUEUED) and the
+-- cluster's count of continued jobs, MIGRATIONS (`keys.migrations()`).
 -- A job with a reader (the API process that admitted it and streams it: the job hash's
 -- `reader`) has every event published on that reader's channel, as EMIT publishes its
 -- tokens there (lines: the job id, then the event), so its reader needs no subscription of
@@ -65,10 +68,11 @@ local function emit(id, reader, event)
 end
 
 -- The job hash's fields that ending a job reads, in one HMGET: {status, the owner's job
--- set, webhook URL, webhook events, reader}; a caller that read them passes them to `finish`.
+-- set, webhook URL, webhook events, reader, worker}; a caller that read them passes them to
+-- `finish`.
 local function finish_reads(id)
   return redis.call('HMGET', key(T_HASH, id), F_STATUS, F_OWNER_JOBS, F_WEBHOOK,
-    F_WEBHOOK_EVENTS, F_READER)
+    F_WEBHOOK_EVENTS, F_READER, F_WORKER)
 end
 
 -- Queue a webhook delivery of `event` ('start' or 'completed') if the job's webhook `url`
@@ -118,18 +122,64 @@ local function fail(id, status, name)
   return finish(id, status, fields, err.event)
 end
 
+-- Put the running job `id`, whose lease expired at `now`, back at the front of its queue as
+-- a continuation, if it has attempts left (`F_MAX_ATTEMPTS`, written by ADMIT; absent: none)
+-- and its log still holds every event from seq 0 (trimmed, the delivered tokens' ids are
+-- gone): queued again with its next attempt number (the fence: its old worker's RENEW and
+-- FINISH name a worker the job no longer has, and its EMIT meets the next worker's events),
+-- the dead worker moved to the past workers, a lease for the queue wait, and RQ's record
+-- queued at the front of its queue, its earlier executions out of RQ's started registry. Only where one Redis holds both planes (PLANE_HERE):
+-- elsewhere a zombie's EMIT could not be fenced in the same script. Whether it did.
+local function continue_job(id, now)
+  local h = key(T_HASH, id)
+  local attempt, max_attempts, requeue_ms, worker, past = unpack(redis.call('HMGET', h,
+    F_ATTEMPT, F_MAX_ATTEMPTS, F_REQUEUE_MS, F_WORKER, F_PAST_WORKERS))
+  attempt = tonumber(attempt or 1)
+  if not (PLANE_HERE and max_attempts and requeue_ms) or attempt >= tonumber(max_attempts) then
+    return false
+  end
+  if #redis.call('XRANGE', key(T_LOG, id), '1-0', '1-0') == 0 then
+    return false
+  end
+  local rq_job = RQ_JOB_PREFIX .. id
+  local origin = redis.call('HGET', rq_job, RQ_ORIGIN)
+  if not origin then
+    return false
+  end
+  worker = worker or ''
+  redis.call('HSET', h, F_STATUS, S_QUEUED, F_ATTEMPT, attempt + 1,
+    F_PAST_WORKERS, past and (past .. ',' .. worker) or worker)
+  redis.call('HDEL', h, F_WORKER)
+  redis.call('ZADD', LEASES, now + tonumber(requeue_ms), id)
+  redis.call('HSET', rq_job, RQ_STATUS, RQ_QUEUED)
+  redis.call('LPUSH', RQ_QUEUE_PREFIX .. origin, id)
+  local started, prefix = RQ_STARTED_PREFIX .. origin, id .. ':'
+  for _, member in ipairs(redis.call('ZRANGE', started, 0, -1)) do
+    if string.sub(member, 1, #prefix) == prefix then
+      redis.call('ZREM', started, member)
+    end
+  end
+  redis.call('INCR', MIGRATIONS)
+  return true
+end
+
 local function reap(now, max)
   local expired = redis.call('ZRANGEBYSCORE', LEASES, '-inf', now, 'LIMIT', 0, max)
   local lost = {}
   for _, id in ipairs(expired) do
     local current = redis.call('HGET', key(T_HASH, id), F_STATUS)
     if current == S_RUNNING then
-      fail(id, S_FAILED, 'lease_expired')
-      table.insert(lost, id)
-    elseif current == S_QUEUED then
-      fail(id, S_EXPIRED, 'queue_wait_expired')
+      if not continue_job(id, now) then
+        fail(id, S_FAILED, 'lease_expired')
+        table.insert(lost, id)
+        redis.call('ZREM', LEASES, id)
+      end
+    else
+      if current == S_QUEUED then
+        fail(id, S_EXPIRED, 'queue_wait_expired')
+      end
+      redis.call('ZREM', LEASES, id)
     end
-    redis.call('ZREM', LEASES, id)
   end
   return lost
 end

@@ -10,12 +10,33 @@
 -- its reader need not read them from the job hash, and publishes it on the reader's channel
 -- where the job has one (library.lua); on a token plane of its own the worker appends it
 -- (OPEN) once this call said running, without one.
+-- A continuation (the job hash has an `attempt`: the reaper put it back in its queue, which
+-- happens only where one Redis holds both planes) gets its Started event with that attempt
+-- (no queue wait, no `start` webhook: its client saw one already) at the log's next seq, the
+-- seam (kept in the hash for a resend), and the reply {running, attempt, the events of its
+-- log from seq 1 to the seam, as the log holds them}: the delivered tokens, read in the
+-- same script that fences the job's earlier worker out (docs/operations/failure-behaviour.md).
 local id = ARGV[8]
 local h = key(T_HASH, id)
-local current, worker, url, events, created, reader = unpack(redis.call('HMGET', h, F_STATUS,
-  F_WORKER, F_WEBHOOK, F_WEBHOOK_EVENTS, F_CREATED_AT, F_READER))
+local current, worker, url, events, created, reader, attempt, seam = unpack(redis.call('HMGET',
+  h, F_STATUS, F_WORKER, F_WEBHOOK, F_WEBHOOK_EVENTS, F_CREATED_AT, F_READER, F_ATTEMPT,
+  F_SEAM_SEQ))
+
+-- A continuation's reply: {running, its attempt, the log's events from seq 1 up to its
+-- Started event at `seam`, as the log holds them}.
+local function continuation(at)
+  local reply = {S_RUNNING, tonumber(attempt)}
+  for _, entry in ipairs(redis.call('XRANGE', key(T_LOG, id), '1-1', '1-' .. (at - 1))) do
+    reply[#reply + 1] = entry[2][2]
+  end
+  return reply
+end
+
 if current == S_RUNNING then
-  return worker == ARGV[9] and S_RUNNING
+  if worker ~= ARGV[9] then
+    return false
+  end
+  return seam and continuation(tonumber(seam)) or S_RUNNING
 end
 if current ~= S_QUEUED then
   return current
@@ -28,6 +49,12 @@ if (not expiry) or tonumber(expiry) <= now then
 end
 redis.call('HSET', h, F_STATUS, S_RUNNING, F_STARTED_AT, stamp, F_WORKER, ARGV[9])
 redis.call('ZADD', LEASES, now + tonumber(ARGV[10]), id)
+if attempt then  -- a continuation: the reaper requeued it (library.lua, `continue_job`)
+  seam = next_seq(id)
+  redis.call('HSET', h, F_SEAM_SEQ, seam)
+  emit(id, reader, string.sub(ARGV[11], 1, -2) .. ',"attempt":' .. attempt .. '}')
+  return continuation(seam)
+end
 if PLANE_HERE then
   local started = ARGV[11]
   if created then

@@ -1,0 +1,204 @@
+#!/usr/bin/env python3
+"""Claude Code (`claude -p`), unchanged, against a tokenrelay cluster: one prompt, streamed.
+
+    scripts/claude_code_smoke.py --model-dir DIR                 # slim: `--tools ""`, 200 tokens
+    scripts/claude_code_smoke.py --model-dir DIR --full          # its default prompt and tools
+    scripts/claude_code_smoke.py --model-dir DIR --claude PATH   # another `claude` binary
+
+It starts an embedded Redis, one `tokenrelay api` and one `tokenrelay worker` serving
+`--model-dir` as model `m`, and a recording proxy in front of the API, then runs Claude
+Code's recipe for a local server (TOOLING: no vendor traffic, an isolated config directory,
+stdin closed, bounded by `--timeout`) and prints what it sent (path, Anthropic headers, body
+fields) and what came back (status, `x-tokenrelay-no-effect`, the stream's events, Claude
+Code's answer). It exits non-zero unless every request got a 200 and Claude Code succeeded.
+
+Claude Code is on npm, not in this project's dependencies (about 380 MB):
+`npm install --prefix /tmp/agent-clis @anthropic-ai/claude-code@2.1.332`. Its slim prompt is
+about 1,800 tokens of Qwen's tokenizer: a 2,048-token model fits it only with Qwen's real
+tokenizer (`tokenrelay make-tiny-model --shape qwen2-0.5b --tokenizer qwen DIR`, random
+weights, a 32k window); the tiny model's own tokenizer makes it about 4,500 tokens, which
+tokenrelay refuses with Anthropic's 400 (and Claude Code shows). `--full` needs a 32k model.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import threading
+from collections.abc import Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+from tokenrelay.cli.embedded_redis import EmbeddedRedis, free_port
+from tokenrelay.cli.harness import ProcessGroup, tokenrelay_env
+
+MODEL = "m"
+PROMPT = "Reply with the word hello"
+DEFAULT_CLAUDE = "/tmp/agent-clis/node_modules/.bin/claude"
+#: Claude Code's settings for a local server, from TOOLING.md.
+CLAUDE_ENV = {
+    "ANTHROPIC_AUTH_TOKEN": "x",
+    "ANTHROPIC_MODEL": MODEL,
+    "ANTHROPIC_DEFAULT_HAIKU_MODEL": MODEL,
+    "ANTHROPIC_DEFAULT_SONNET_MODEL": MODEL,
+    "ANTHROPIC_DEFAULT_OPUS_MODEL": MODEL,
+    "CLAUDE_CODE_SUBAGENT_MODEL": MODEL,
+    "CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC": "1",
+    "DISABLE_TELEMETRY": "1",
+    "DISABLE_ERROR_REPORTING": "1",
+    "DISABLE_AUTOUPDATER": "1",
+}
+_HOP_HEADERS = {"host", "content-length", "transfer-encoding", "connection"}
+
+
+def recording_proxy(upstream: str, exchanges: list[dict[str, Any]]) -> ThreadingHTTPServer:
+    """A server that forwards each request to `upstream`, streaming the reply back, and
+    appends (request, response) to `exchanges`."""
+
+    class Forward(BaseHTTPRequestHandler):
+        protocol_version = "HTTP/1.1"
+
+        def do_POST(self) -> None:
+            body = self.rfile.read(int(self.headers.get("content-length", "0")))
+            headers = {k: v for k, v in self.headers.items() if k.lower() not in _HOP_HEADERS}
+            record: dict[str, Any] = {
+                "path": self.path,
+                "headers": headers,
+                "body": json.loads(body) if body else None,
+            }
+            exchanges.append(record)
+            with (
+                httpx.Client(timeout=None) as client,
+                client.stream("POST", upstream + self.path, content=body, headers=headers) as up,
+            ):
+                record["status"] = up.status_code
+                record["no_effect"] = up.headers.get("x-tokenrelay-no-effect")
+                record["reply"] = ""
+                self.send_response(up.status_code)
+                for name, value in up.headers.items():
+                    if name.lower() not in _HOP_HEADERS:
+                        self.send_header(name, value)
+                self.send_header("transfer-encoding", "chunked")
+                self.end_headers()
+                try:
+                    for chunk in up.iter_raw():
+                        record["reply"] += chunk.decode(errors="replace")
+                        self.wfile.write(b"%x\r\n%s\r\n" % (len(chunk), chunk))
+                        self.wfile.flush()
+                    self.wfile.write(b"0\r\n\r\n")
+                except (BrokenPipeError, ConnectionResetError):
+                    record["client_left"] = True
+
+        def log_message(self, format: str, *args: Any) -> None:
+            return None
+
+    server = ThreadingHTTPServer(("127.0.0.1", free_port()), Forward)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    return server
+
+
+@contextlib.contextmanager
+def cluster(model_dir: Path, log_dir: Path) -> Iterator[str]:
+    """Redis, one worker and one API process serving `model_dir` as `m`; yields the API's URL."""
+    with EmbeddedRedis() as redis_server, ProcessGroup(log_dir=log_dir) as group:
+        env = tokenrelay_env(redis_server.url, str(model_dir), MODEL)
+        group.start_worker(redis_server.url, env=env)
+        port = free_port()
+        group.start_api(port, env=env)
+        yield f"http://127.0.0.1:{port}"
+
+
+def run_claude(claude: str, base_url: str, full: bool, timeout_s: float) -> tuple[int, str]:
+    with tempfile.TemporaryDirectory(prefix="claude-home-") as home:
+        env = {
+            "PATH": os.environ.get("PATH", "/usr/bin:/bin"),
+            "HOME": home,
+            "CLAUDE_CONFIG_DIR": str(Path(home) / "config"),
+            "ANTHROPIC_BASE_URL": base_url,
+            **CLAUDE_ENV,
+        }
+        command = [claude, "-p"]
+        if not full:
+            env["CLAUDE_CODE_MAX_OUTPUT_TOKENS"] = "200"
+            command += ["--tools", ""]
+        try:
+            done = subprocess.run(
+                [*command, "--", PROMPT],
+                env=env,
+                cwd=home,
+                stdin=subprocess.DEVNULL,
+                capture_output=True,
+                timeout=timeout_s,
+                check=False,
+            )
+        except subprocess.TimeoutExpired:
+            return 124, f"claude did not finish within {timeout_s:g} s"
+        return done.returncode, (done.stdout + done.stderr).decode(errors="replace")
+
+
+def summary(record: dict[str, Any]) -> dict[str, Any]:
+    """What a request sent and what came back, without the prompt's text."""
+    body = record["body"] or {}
+    system = body.get("system")
+    return {
+        "path": record["path"],
+        "headers": {
+            k: v
+            for k, v in record["headers"].items()
+            if k.lower().startswith(("anthropic", "x-app"))
+        },
+        "fields": sorted(body),
+        "max_tokens": body.get("max_tokens"),
+        "system_blocks": len(system) if isinstance(system, list) else system is not None,
+        "message_roles": [m.get("role") for m in body.get("messages", [])],
+        "tools": len(body.get("tools") or []),
+        "thinking": body.get("thinking"),
+        "output_config": body.get("output_config"),
+        "status": record.get("status"),
+        "x-tokenrelay-no-effect": record.get("no_effect"),
+        "client_left": record.get("client_left", False),
+        "events": [
+            line.removeprefix("event: ")
+            for line in record.get("reply", "").splitlines()
+            if line.startswith("event: ")
+        ],
+        "reply_head": record.get("reply", "")[:600],
+    }
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
+    parser.add_argument("--model-dir", type=Path, required=True, help="the model to serve")
+    parser.add_argument("--claude", default=shutil.which("claude") or DEFAULT_CLAUDE)
+    parser.add_argument("--full", action="store_true", help="its default prompt and tools")
+    parser.add_argument("--timeout", type=float, default=300.0, help="seconds for claude -p")
+    args = parser.parse_args(argv)
+    exchanges: list[dict[str, Any]] = []
+    with (
+        tempfile.TemporaryDirectory(prefix="claude-smoke-logs-") as logs,
+        cluster(args.model_dir, Path(logs)) as api_url,
+    ):
+        proxy = recording_proxy(api_url, exchanges)
+        try:
+            base_url = f"http://127.0.0.1:{proxy.server_address[1]}"
+            code, output = run_claude(args.claude, base_url, args.full, args.timeout)
+        finally:
+            proxy.shutdown()
+    for record in exchanges:
+        print(json.dumps(summary(record), indent=2, ensure_ascii=False))
+    print(f"claude -p exited {code}:\n{output.strip()}")
+    answered = bool(exchanges) and all(record.get("status") == 200 for record in exchanges)
+    return 0 if code == 0 and answered else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
