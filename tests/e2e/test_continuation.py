@@ -68,7 +68,9 @@ def tokens_delivered(http: httpx.Client, job_id: str, count: int) -> list[dict]:
     raise AssertionError(f"the job ended before {count} tokens: {events[-1]}")
 
 
-def check_one_stream(events: list[dict[str, Any]], record: dict[str, Any]) -> None:
+def check_one_stream(
+    events: list[dict[str, Any]], record: dict[str, Any], tokens: int = TOKENS
+) -> None:
     """The events a client read across the seam: every seq once, in order, one terminal
     event (`done`), no error, and the text the job record stores."""
     assert [event["seq"] for event in events] == list(range(len(events)))
@@ -78,7 +80,7 @@ def check_one_stream(events: list[dict[str, Any]], record: dict[str, Any]) -> No
     text = "".join(event.get("text", "") for event in events)
     assert text == record["text"]
     usage = events[-1]["usage"]
-    assert usage["completion_tokens"] == TOKENS == sum(e.get("tokens", 0) for e in events)
+    assert usage["completion_tokens"] == tokens == sum(e.get("tokens", 0) for e in events)
     assert usage["prompt_tokens"] == events[0]["prompt_tokens"]
 
 
@@ -194,18 +196,22 @@ def test_after_its_last_attempt_a_killed_workers_job_ends_worker_lost(
 def test_a_stopped_worker_hands_its_running_job_over_once_its_drain_period_runs_out(
     cluster: Cluster,
 ) -> None:
-    cluster.settings["TOKENRELAY_WORKER_DRAIN_S"] = "1"
+    # No drain period, and a reply long enough that no machine finishes it before the
+    # signal lands: the job is handed over, never finished by the stopping worker.
+    cluster.settings["TOKENRELAY_WORKER_DRAIN_S"] = "0"
+    long_reply = 1800
+    body = GREEDY | {"max_tokens": long_reply, "min_tokens": long_reply}
     workers = [cluster.start_worker(), cluster.start_worker()]
     cluster.start_api()
     with httpx.Client(base_url=cluster.base_url, timeout=60) as http:
-        job_id = http.post("/v1/jobs", json=GREEDY).json()["id"]
+        job_id = http.post("/v1/jobs", json=body).json()["id"]
         tokens_delivered(http, job_id, 10)
         stopped = runner_of(cluster, http, workers, job_id)
         stopped.signal(signal.SIGTERM)
         assert stopped.wait(30) == 0
         events = list(stream_job(http, job_id))
         record = http.get(f"/v1/jobs/{job_id}").json()
-    check_one_stream(events, record)
+    check_one_stream(events, record, long_reply)
     assert record["status"] == "succeeded" and record["attempts"] == 2
     assert [event.get("attempt") for event in events if event["type"] == "started"] == [None, 2]
     assert migrations(cluster) == 1

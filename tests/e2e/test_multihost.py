@@ -117,6 +117,10 @@ def test_stream_across_three_hosts_then_the_worker_link_is_cut(
         TOKENRELAY_MODEL=str(tiny_model_dir),
         TOKENRELAY_SERVED_MODEL_NAME=MODEL_NAME,
         TOKENRELAY_LEASE_TTL_S=str(LEASE_TTL_S),
+        # One attempt: with no other worker, a continuation would wait out its queue wait;
+        # this test is about how fast a cut link ends the stream (continuations:
+        # test_continuation.py).
+        TOKENRELAY_JOB_MAX_ATTEMPTS="1",
         HF_HUB_OFFLINE="1",
     )
     api_env = base | {"TOKENRELAY_REDIS_URL": "redis://10.77.1.1:6379/0"}

@@ -64,7 +64,7 @@ def generate_on_every_route(http: httpx.Client) -> tuple[list[str], list[str], l
         what="the async job to finish",
     )
     replies.append(http.get(f"/v1/jobs/{job['id']}").json()["text"])
-    cancelled = http.post("/v1/jobs", json=chat(max_tokens=2000, min_tokens=2000)).json()
+    cancelled = http.post("/v1/jobs", json=chat(max_tokens=1800, min_tokens=1800)).json()
     assert http.delete(f"/v1/jobs/{cancelled['id']}").status_code == 200
     too_long = http.post(
         "/v1/chat/completions",

@@ -26,7 +26,10 @@ def test_ruff_is_clean() -> None:
 
 @pytest.mark.parametrize(
     "targets",
-    [(), ("bench", "scripts/check-deploy", "scripts/claude_code_smoke.py")],
+    [
+        (),
+        ("bench", "scripts/check-deploy", "scripts/claude_code_smoke.py", "scripts/codex_smoke.py"),
+    ],
     ids=["package", "bench-and-scripts"],
 )
 def test_mypy_is_clean(targets: tuple[str, ...]) -> None:
