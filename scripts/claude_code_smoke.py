@@ -23,23 +23,16 @@ tokenrelay refuses with Anthropic's 400 (and Claude Code shows). `--full` needs 
 from __future__ import annotations
 
 import argparse
-import contextlib
 import json
 import os
 import shutil
 import subprocess
 import sys
 import tempfile
-import threading
-from collections.abc import Iterator
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
-import httpx
-
-from tokenrelay.cli.embedded_redis import EmbeddedRedis, free_port
-from tokenrelay.cli.harness import ProcessGroup, tokenrelay_env
+from tokenrelay.testing.recording_proxy import record_run, sse_event_names
 
 MODEL = "m"
 PROMPT = "Reply with the word hello"
@@ -57,64 +50,6 @@ CLAUDE_ENV = {
     "DISABLE_ERROR_REPORTING": "1",
     "DISABLE_AUTOUPDATER": "1",
 }
-_HOP_HEADERS = {"host", "content-length", "transfer-encoding", "connection"}
-
-
-def recording_proxy(upstream: str, exchanges: list[dict[str, Any]]) -> ThreadingHTTPServer:
-    """A server that forwards each request to `upstream`, streaming the reply back, and
-    appends (request, response) to `exchanges`."""
-
-    class Forward(BaseHTTPRequestHandler):
-        protocol_version = "HTTP/1.1"
-
-        def do_POST(self) -> None:
-            body = self.rfile.read(int(self.headers.get("content-length", "0")))
-            headers = {k: v for k, v in self.headers.items() if k.lower() not in _HOP_HEADERS}
-            record: dict[str, Any] = {
-                "path": self.path,
-                "headers": headers,
-                "body": json.loads(body) if body else None,
-            }
-            exchanges.append(record)
-            with (
-                httpx.Client(timeout=None) as client,
-                client.stream("POST", upstream + self.path, content=body, headers=headers) as up,
-            ):
-                record["status"] = up.status_code
-                record["no_effect"] = up.headers.get("x-tokenrelay-no-effect")
-                record["reply"] = ""
-                self.send_response(up.status_code)
-                for name, value in up.headers.items():
-                    if name.lower() not in _HOP_HEADERS:
-                        self.send_header(name, value)
-                self.send_header("transfer-encoding", "chunked")
-                self.end_headers()
-                try:
-                    for chunk in up.iter_raw():
-                        record["reply"] += chunk.decode(errors="replace")
-                        self.wfile.write(b"%x\r\n%s\r\n" % (len(chunk), chunk))
-                        self.wfile.flush()
-                    self.wfile.write(b"0\r\n\r\n")
-                except (BrokenPipeError, ConnectionResetError):
-                    record["client_left"] = True
-
-        def log_message(self, format: str, *args: Any) -> None:
-            return None
-
-    server = ThreadingHTTPServer(("127.0.0.1", free_port()), Forward)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    return server
-
-
-@contextlib.contextmanager
-def cluster(model_dir: Path, log_dir: Path) -> Iterator[str]:
-    """Redis, one worker and one API process serving `model_dir` as `m`; yields the API's URL."""
-    with EmbeddedRedis() as redis_server, ProcessGroup(log_dir=log_dir) as group:
-        env = tokenrelay_env(redis_server.url, str(model_dir), MODEL)
-        group.start_worker(redis_server.url, env=env)
-        port = free_port()
-        group.start_api(port, env=env)
-        yield f"http://127.0.0.1:{port}"
 
 
 def run_claude(claude: str, base_url: str, full: bool, timeout_s: float) -> tuple[int, str]:
@@ -166,11 +101,7 @@ def summary(record: dict[str, Any]) -> dict[str, Any]:
         "status": record.get("status"),
         "x-tokenrelay-no-effect": record.get("no_effect"),
         "client_left": record.get("client_left", False),
-        "events": [
-            line.removeprefix("event: ")
-            for line in record.get("reply", "").splitlines()
-            if line.startswith("event: ")
-        ],
+        "events": sse_event_names(record),
         "reply_head": record.get("reply", "")[:600],
     }
 
@@ -182,17 +113,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--full", action="store_true", help="its default prompt and tools")
     parser.add_argument("--timeout", type=float, default=300.0, help="seconds for claude -p")
     args = parser.parse_args(argv)
-    exchanges: list[dict[str, Any]] = []
-    with (
-        tempfile.TemporaryDirectory(prefix="claude-smoke-logs-") as logs,
-        cluster(args.model_dir, Path(logs)) as api_url,
-    ):
-        proxy = recording_proxy(api_url, exchanges)
-        try:
-            base_url = f"http://127.0.0.1:{proxy.server_address[1]}"
-            code, output = run_claude(args.claude, base_url, args.full, args.timeout)
-        finally:
-            proxy.shutdown()
+    exchanges, code, output = record_run(
+        args.model_dir,
+        MODEL,
+        lambda base_url: run_claude(args.claude, base_url, args.full, args.timeout),
+    )
     for record in exchanges:
         print(json.dumps(summary(record), indent=2, ensure_ascii=False))
     print(f"claude -p exited {code}:\n{output.strip()}")

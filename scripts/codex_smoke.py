@@ -25,20 +25,16 @@ the real Qwen2.5 model. `--full` (about 8,700 tokens) needs a 32k model.
 from __future__ import annotations
 
 import argparse
-import contextlib
 import json
 import os
 import shutil
 import subprocess
 import sys
 import tempfile
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from tokenrelay.cli.embedded_redis import EmbeddedRedis, free_port
-from tokenrelay.cli.harness import ProcessGroup, tokenrelay_env
-from tokenrelay.testing.recording_proxy import recording_proxy
+from tokenrelay.testing.recording_proxy import record_run, sse_event_names
 
 MODEL = "m"
 PROMPT = "Reply with the word hello"
@@ -81,17 +77,6 @@ goals = false
 view_image = false
 include_environment_context = false
 """
-
-
-@contextlib.contextmanager
-def cluster(model_dir: Path, log_dir: Path) -> Iterator[str]:
-    """Redis, one worker and one API process serving `model_dir` as `m`; yields the API's URL."""
-    with EmbeddedRedis() as redis_server, ProcessGroup(log_dir=log_dir) as group:
-        env = tokenrelay_env(redis_server.url, str(model_dir), MODEL)
-        group.start_worker(redis_server.url, env=env)
-        port = free_port()
-        group.start_api(port, env=env)
-        yield f"http://127.0.0.1:{port}"
 
 
 def codex_home(home: Path, base_url: str, full: bool, window: int) -> None:
@@ -150,13 +135,7 @@ def summary(record: dict[str, Any]) -> dict[str, Any]:
         "status": record.get("status"),
         "x-tokenrelay-no-effect": record.get("no_effect"),
         "client_left": record.get("client_left", False),
-        "events": sorted(
-            {
-                line.removeprefix("event: ")
-                for line in record.get("reply", "").splitlines()
-                if line.startswith("event: ")
-            }
-        ),
+        "events": sorted(set(sse_event_names(record))),
         "reply_head": record.get("reply", "")[:600],
     }
 
@@ -169,17 +148,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--window", type=int, default=2048, help="model_context_window")
     parser.add_argument("--timeout", type=float, default=300.0, help="seconds for codex exec")
     args = parser.parse_args(argv)
-    exchanges: list[dict[str, Any]] = []
-    with (
-        tempfile.TemporaryDirectory(prefix="codex-smoke-logs-") as logs,
-        cluster(args.model_dir, Path(logs)) as api_url,
-    ):
-        proxy = recording_proxy(api_url, exchanges)
-        try:
-            base_url = f"http://127.0.0.1:{proxy.server_address[1]}"
-            code, output = run_codex(args.codex, base_url, args.full, args.window, args.timeout)
-        finally:
-            proxy.shutdown()
+    exchanges, code, output = record_run(
+        args.model_dir,
+        MODEL,
+        lambda base_url: run_codex(args.codex, base_url, args.full, args.window, args.timeout),
+    )
     for record in exchanges:
         print(json.dumps(summary(record), indent=2, ensure_ascii=False))
     print(f"codex exec exited {code}:\n{output.strip()}")

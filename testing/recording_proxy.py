@@ -4,14 +4,19 @@ reply streamed back as it arrives, and both kept."""
 
 from __future__ import annotations
 
+import contextlib
 import json
+import tempfile
 import threading
+from collections.abc import Callable, Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
 from typing import Any
 
 import httpx
 
-from tokenrelay.cli.embedded_redis import free_port
+from tokenrelay.cli.embedded_redis import EmbeddedRedis, free_port
+from tokenrelay.cli.harness import ProcessGroup, tokenrelay_env
 
 _HOP_HEADERS = {"host", "content-length", "transfer-encoding", "connection"}
 
@@ -60,3 +65,43 @@ def recording_proxy(upstream: str, exchanges: list[dict[str, Any]]) -> Threading
     server = ThreadingHTTPServer(("127.0.0.1", free_port()), Forward)
     threading.Thread(target=server.serve_forever, daemon=True).start()
     return server
+
+
+@contextlib.contextmanager
+def serving(model_dir: Path, log_dir: Path, model: str) -> Iterator[str]:
+    """Redis, one worker and one API process serving `model_dir` as `model`; yields the
+    API's URL."""
+    with EmbeddedRedis() as redis_server, ProcessGroup(log_dir=log_dir) as group:
+        env = tokenrelay_env(redis_server.url, str(model_dir), model)
+        group.start_worker(redis_server.url, env=env)
+        port = free_port()
+        group.start_api(port, env=env)
+        yield f"http://127.0.0.1:{port}"
+
+
+def record_run(
+    model_dir: Path, model: str, run: Callable[[str], tuple[int, str]]
+) -> tuple[list[dict[str, Any]], int, str]:
+    """Serve `model_dir` behind a recording proxy and call `run` with the proxy's URL (it
+    runs the client and returns its exit code and output); returns the exchanges the proxy
+    recorded, the exit code and the output."""
+    exchanges: list[dict[str, Any]] = []
+    with (
+        tempfile.TemporaryDirectory(prefix="recorded-run-logs-") as logs,
+        serving(model_dir, Path(logs), model) as api_url,
+    ):
+        proxy = recording_proxy(api_url, exchanges)
+        try:
+            code, output = run(f"http://127.0.0.1:{proxy.server_address[1]}")
+        finally:
+            proxy.shutdown()
+    return exchanges, code, output
+
+
+def sse_event_names(record: dict[str, Any]) -> list[str]:
+    """The `event:` names of a recorded reply, in order."""
+    return [
+        line.removeprefix("event: ")
+        for line in record.get("reply", "").splitlines()
+        if line.startswith("event: ")
+    ]

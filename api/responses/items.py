@@ -14,6 +14,7 @@ from typing import Annotated, Any, Literal
 from pydantic import BaseModel, ConfigDict, Discriminator, Field, Tag, TypeAdapter
 
 from tokenrelay.api.openai.field_support import StrictPart
+from tokenrelay.api.openai.tools import FunctionDefinition
 
 ItemStatus = Literal["in_progress", "completed", "incomplete"]
 _HISTORY = "Accepted with a history item (as clients send back a response's output), not rendered."
@@ -128,20 +129,11 @@ InputItem = Annotated[
 ITEMS: TypeAdapter[list[InputItem]] = TypeAdapter(list[InputItem])
 
 
-class FunctionToolSpec(StrictPart):
-    """A function the model may call (the Responses shape: no `function` wrapper)."""
+class FunctionToolSpec(FunctionDefinition):
+    """A function the model may call (the Responses shape: chat's definition with its
+    `type` beside it, no `function` wrapper)."""
 
     type: Literal["function"]
-    name: str = Field(pattern=r"^[A-Za-z0-9_-]{1,64}$")
-    description: str | None = None
-    parameters: dict[str, Any] | None = Field(
-        default=None, description="The arguments' JSON schema; absent: no arguments."
-    )
-    strict: bool | None = Field(
-        default=None,
-        description="Accepted either way: a forced call always matches `parameters`, an "
-        "`auto` call is parsed as the model wrote it.",
-    )
 
 
 class NamespaceTool(StrictPart):
