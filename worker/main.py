@@ -188,6 +188,7 @@ def run_worker(settings: Settings, *, demo: str | None = None) -> int:
         engine.tokenizer_json(),
         engine.chat_template(),
         settings.tool_call_parser,
+        settings.prefix_cache_block_tokens,
     )
     keeper = LeaseKeeper(settings, scripts_client, connection, active, name, limits, plane_scripts)
     drain = threading.Timer(
@@ -200,6 +201,8 @@ def run_worker(settings: Settings, *, demo: str | None = None) -> int:
         if not stopping.is_set():
             stopping.set()
             drain.start()
+            # Off the signal handler: jobs placed here go to the model's queues at once.
+            threading.Thread(target=keeper.leave, name="leave", daemon=True).start()
 
     following = threading.Event()
     watch = threading.Thread(
@@ -246,6 +249,7 @@ def run_worker(settings: Settings, *, demo: str | None = None) -> int:
         following.set()
         batcher.stop()
         keeper.stop()
+        keeper.leave()
         scripts_client.close()
         guard_client.close()
         connection.close()
