@@ -157,6 +157,11 @@ def run_worker(settings: Settings, *, demo: str | None = None) -> int:
             file=sys.stderr,
         )
         return EXIT_MODEL_UNAVAILABLE
+    tokenizer_json = engine.tokenizer_json()
+    if tokenizer_json is None:
+        # The API cannot hash prompts without the tokenizer (the synthetic engine): no index
+        # to record, no job to be placed here.
+        settings = settings.model_copy(update={"prefix_placement": "off"})
     # With MIN_REPLICAS each job thread holds a connection while a replica acknowledges its
     # START or FINISH (`FailoverGuard`): a pool of their own, so that lease renewals and
     # events never wait for one.
@@ -185,10 +190,10 @@ def run_worker(settings: Settings, *, demo: str | None = None) -> int:
         settings.model_id,
         engine.max_context_tokens,
         settings.worker_max_batch_tokens,
-        engine.tokenizer_json(),
+        tokenizer_json,
         engine.chat_template(),
         settings.tool_call_parser,
-        settings.prefix_cache_block_tokens,
+        settings.prefix_placement_block_tokens,
     )
     keeper = LeaseKeeper(settings, scripts_client, connection, active, name, limits, plane_scripts)
     drain = threading.Timer(

@@ -135,7 +135,8 @@ class JobRunner:
         if settings.prefix_placement == "off":
             return []
         model = settings.model_id
-        blocks = placement.prompt_blocks(model, prompt_ids, settings.prefix_cache_block_tokens)
+        block_tokens = settings.prefix_placement_block_tokens
+        blocks = placement.prompt_blocks(model, prompt_ids, block_tokens)
         return placement.index_args(settings, model, blocks)
 
     def _start(

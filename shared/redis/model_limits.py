@@ -44,7 +44,7 @@ class ModelLimits:
     #: How the API reads tool calls out of this model's replies (`TOKENRELAY_TOOL_CALL_PARSER`
     #: of its workers); "" from older workers.
     tool_call_parser: str = ""
-    #: Tokens per block of the prompts' routing hashes (`TOKENRELAY_PREFIX_CACHE_BLOCK_TOKENS`
+    #: Tokens per block of the prompts' routing hashes (`TOKENRELAY_PREFIX_PLACEMENT_BLOCK_TOKENS`
     #: of its workers: `shared.redis.placement`); 0 from older workers (no placement).
     prefix_block_tokens: int = 0
 

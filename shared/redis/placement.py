@@ -17,6 +17,10 @@ worker that took the job, from the ids it is about to prefill (so the API matche
 the hashes a worker computed, and a job placed on the shared queue is indexed as well as
 a placed one), and read at admission by one script over the two live epochs. Its fields are
 the first 8 bytes of each block's hash (`shared.prefix_blocks`), enough for a routing hint.
+Its blocks are coarser than the cache's (`TOKENRELAY_PREFIX_PLACEMENT_BLOCK_TOKENS`, 64 by
+default, against the cache's 16): the index picks a worker, the worker's cache then reuses
+at its own granularity, and a quarter of the fields makes a 1,000-token prompt's lookup and
+record cost about a quarter as much Redis CPU (docs/operations/prefix-placement.md).
 
 Invariant: a worker's queues hold jobs only while it is listed in the model's placement
 workers with a heartbeat that has not expired. ADMIT checks the listing in the script that
@@ -43,7 +47,7 @@ from tokenrelay.shared.redis.scripts import Arg, ScriptCall, timed
 from tokenrelay.shared.settings import Settings
 
 MAX_INDEXED_BLOCKS = 1024
-"""The most blocks of a prompt indexed and looked up, from its start (16,384 tokens at the
+"""The most blocks of a prompt indexed and looked up, from its start (65,536 tokens at the
 default block size): bounds the script's arguments."""
 INDEX_FIELD_BYTES = 8
 SWEEP_BATCH = 100

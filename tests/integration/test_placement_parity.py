@@ -92,7 +92,7 @@ def app_settings(redis_url: str) -> Settings:
         served_model_name=MODEL,
         lease_ttl_s=5,
         max_queue_wait_s=30,
-        prefix_cache_block_tokens=BLOCK_TOKENS,
+        prefix_placement_block_tokens=BLOCK_TOKENS,
     )
 
 
