@@ -220,3 +220,35 @@ def test_the_load_bound_sends_a_job_to_the_models_queue_and_metrics_count_both(
     assert 'tokenrelay_placements_total{queue="shared"} 3.0' in scrape
     second.client.close()
     first.client.close()
+
+
+def test_with_one_live_worker_a_known_prefix_goes_to_the_models_queue(
+    client: TestClient, app_settings: Settings, files: Any
+) -> None:
+    """One worker drains every queue anyway: placing on it would only let the job pass
+    others of its priority."""
+    path, body = ROUTES[4]
+    only = FakeWorker(app_settings, files, "w-a")
+    post_served(client, path, body, only.serve_one)
+    queue, _ = post_served(client, path, body, only.serve_one)
+    assert queue == Queue.redis_queue_namespace_prefix + keys.generation_queue(MODEL, "normal")
+    assert 'tokenrelay_placements_total{queue="shared"} 2.0' in client.get("/metrics").text
+    only.client.close()
+
+
+def test_with_placement_off_the_api_places_nothing(app_settings: Settings, files: Any) -> None:
+    """The workers record their blocks (their own setting), the API with placement off
+    neither looks them up nor counts a placement."""
+    off = app_settings.model_copy(update={"prefix_placement": "off"})
+    path, body = ROUTES[4]
+    with TestClient(create_app(off)) as client:
+        first = FakeWorker(app_settings, files, "w-a")
+        second = FakeWorker(app_settings, files, "w-b")
+        for _ in range(2):
+            queue, _ = post_served(client, path, body, first.serve_one)
+            assert queue == Queue.redis_queue_namespace_prefix + keys.generation_queue(
+                MODEL, "normal"
+            )
+        assert "tokenrelay_placements_total{" not in client.get("/metrics").text
+        first.client.close()
+        second.client.close()
