@@ -17,6 +17,7 @@ from tokenrelay.api.anthropic import errors as anthropic_errors
 from tokenrelay.api.api_keys import KeyRing
 from tokenrelay.api.batches.feeder import BatchFeeder
 from tokenrelay.api.batches.store import batch_webhook
+from tokenrelay.api.jobs.placement import Placement
 from tokenrelay.api.jobs.prompt_fit import PromptFit
 from tokenrelay.api.jobs.reaper import reap_forever
 from tokenrelay.api.jobs.record import job_webhook
@@ -56,7 +57,7 @@ REDIS_CONNECT_TIMEOUT_S = 5.0  # an unreachable Redis (no RST) is a 503, not a 2
 REDIS_HEALTH_CHECK_S = 30
 
 
-def build_state(settings: Settings) -> AppState:
+def build_state(settings: Settings, metrics: Metrics | None = None) -> AppState:
     """The process's Redis clients, script runners, stream hub, keys and prompt counter."""
     # A burst of requests waits briefly for a pooled connection instead of failing with
     # "Too many connections" (redis-py's default pool caps at 100 and refuses the rest);
@@ -76,6 +77,9 @@ def build_state(settings: Settings) -> AppState:
         max_connections=settings.redis_pool_size, decode_responses=True, **options
     )
     control_scripts = AsyncScripts(client)
+    prompt_fit = PromptFit(client)
+    count = metrics.count_placement if metrics is not None else None
+    placement = Placement(settings, control_scripts, prompt_fit, count)
     plane = redis_connect.stream_async_client(
         settings, max_connections=settings.redis_pool_size, decode_responses=True, **options
     )
@@ -91,7 +95,8 @@ def build_state(settings: Settings) -> AppState:
         plane_scripts=control_scripts if plane is None else AsyncScripts(plane),
         hub=StreamHub(client if plane is None else plane, plane_shared=plane is None),
         keys=KeyRing.from_settings(settings),
-        prompt_fit=PromptFit(client),
+        prompt_fit=prompt_fit,
+        placement=placement,
         connector=connector,
     )
 
@@ -110,7 +115,7 @@ def webhook_payloads(
 def create_app(settings: Settings) -> FastAPI:
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
-        state = build_state(settings)
+        state = build_state(settings, app.state.metrics)
         try:
             await redis_version.check_async(state.redis, settings)
         except redis_version.RedisTooOld:

@@ -13,6 +13,9 @@ Names follow vLLM and TGI, prefixed `tokenrelay_`:
     tokenrelay_prompt_tokens_served_total{source}  prompt tokens of finished generations, by
                                                    `cache` (a worker's prefix cache) or
                                                    `prefill` (computed)
+    tokenrelay_placements_total{queue}             jobs with a whole prompt block, by the
+                                                   queue admission chose: `prefix` (a
+                                                   worker's own) or `shared` (the model's)
     tokenrelay_requests_in_flight                  admitted, unfinished jobs (cluster-wide)
     tokenrelay_requests_in_flight_limit            TOKENRELAY_MAX_INFLIGHT
     tokenrelay_queue_depth{queue}                  jobs waiting in each of tokenrelay's queues
@@ -121,6 +124,14 @@ class Metrics:
             ("source",),
             registry=registry,
         )
+        self.placements = Counter(
+            "tokenrelay_placements",
+            "Admitted jobs whose prompt has a whole block, by the queue placement by prefix "
+            "chose: prefix (the own queue of the worker likely to hold its longest prefix) "
+            "or shared (the model's queue).",
+            ("queue",),
+            registry=registry,
+        )
         self.generation_tokens = Counter(
             "tokenrelay_generation_tokens",
             "Tokens generated for the generations served (as their chunks are forwarded).",
@@ -147,6 +158,10 @@ class Metrics:
         self.requests.labels(endpoint=endpoint, status=str(status)).inc()
         if method == "POST" and status >= 400:
             self.rejections.labels(reason=error_type or "unknown").inc()
+
+    def count_placement(self, queue: str) -> None:
+        """Count a hashed job's placement (`api.jobs.placement`)."""
+        self.placements.labels(queue=queue).inc()
 
     async def render(self, gauges: ClusterGauges) -> bytes:
         """The scrape: this process's (or all processes') values, then the cluster gauges."""

@@ -19,6 +19,7 @@ from tokenrelay.shared.redis.scripts import AsyncScripts
 from tokenrelay.shared.settings import Settings
 
 if TYPE_CHECKING:  # built by `api.app.build_state`: the features sit above this module
+    from tokenrelay.api.jobs.placement import Placement
     from tokenrelay.api.jobs.prompt_fit import PromptFit
     from tokenrelay.api.streaming.hub import StreamHub
 
@@ -38,6 +39,7 @@ class AppState:
     hub: StreamHub
     keys: KeyRing
     prompt_fit: PromptFit
+    placement: Placement
     connector: redis_connect.RedisConnector
     #: Set when this process records a batch, to wake its idle batch feeder at once.
     batch_created: asyncio.Event = field(default_factory=asyncio.Event)

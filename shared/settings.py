@@ -87,6 +87,10 @@ class Settings(BaseSettings):
     worker_max_prefill_tokens: int = Field(default=2048, ge=16)
     prefix_cache_bytes: int = Field(default=1_073_741_824, ge=0)
     prefix_cache_block_tokens: int = Field(default=16, ge=1, le=4096)
+    prefix_placement: Literal["on", "off"] = "on"
+    prefix_placement_max_backlog: int = Field(default=4, ge=1)
+    prefix_placement_block_tokens: int = Field(default=64, ge=1, le=4096)
+    prefix_placement_ttl_s: int = Field(default=600, ge=10)
     vllm_cpu_max_model_len: int = Field(default=4096, ge=16)
     flush_interval_ms: float = Field(default=50.0, ge=0)
     engine: Literal["transformers", "vllm", "synthetic"] = "transformers"

@@ -9,6 +9,9 @@
   job lost: the runner stops it at its next step. While renewals fail, a job whose lease ran
   out on this process's clock (`ActiveJobs.lease_valid`) is stopped the same way.
 - Listen on the cancel channel and flag running jobs for a stop at their next step.
+- Keep the worker listed for placement by prefix while it takes jobs, sweep the queues of
+  its model's dead workers to the model's queues on every heartbeat, and, once told to stop,
+  hand its own queues over at once and stay unlisted (`leave`; `shared.redis.placement`).
 """
 
 from __future__ import annotations
@@ -19,7 +22,7 @@ import time
 
 import redis
 
-from tokenrelay.shared.redis import job_scripts, keys
+from tokenrelay.shared.redis import job_scripts, keys, placement
 from tokenrelay.shared.redis.model_limits import LimitsPublisher
 from tokenrelay.shared.redis.rq_jobs import fail_lost_jobs
 from tokenrelay.shared.redis.scripts import SyncScripts
@@ -49,9 +52,8 @@ class LeaseKeeper:
         self._worker_name = worker_name
         self._client = client
         self._rq_connection = rq_connection
-        self._register = job_scripts.register_worker(
-            settings, worker_name, settings.model_id, settings.worker_concurrency
-        )
+        self._placeable = settings.prefix_placement == "on"
+        self._register_lock = threading.Lock()
         self._limits = limits
         self._scripts = SyncScripts(client)
         self._plane_scripts = plane_scripts or self._scripts
@@ -75,9 +77,37 @@ class LeaseKeeper:
         for thread in self._threads:
             thread.join(timeout=5)
 
+    def leave(self) -> None:
+        """Take no more jobs placed by prefix, and hand the ones queued here to the model's
+        queues: when told to stop, at once (the drain only finishes running jobs), and again
+        as the process exits. Never raises: a worker that could not reach Redis is swept
+        once its heartbeat expires."""
+        with self._register_lock:
+            self._placeable = False
+            try:
+                self._sweep(leaving=self._worker_name)
+            except redis.RedisError as exc:
+                log.warning("could not hand this worker's queues over: %s", exc)
+
+    def _sweep(self, leaving: str = "") -> None:
+        call = placement.sweep(self._settings.model_id, leaving)
+        moved = placement.parse_sweep(self._scripts.run(call)).moved
+        if moved:
+            log.info("handed %d jobs placed on stopped workers to the model's queues", moved)
+
     def _heartbeat(self) -> None:
-        self._scripts.run(self._register)
+        settings = self._settings
+        with self._register_lock:
+            register = job_scripts.register_worker(
+                settings,
+                self._worker_name,
+                settings.model_id,
+                settings.worker_concurrency,
+                placeable=self._placeable,
+            )
+            self._scripts.run(register)
         self._limits.publish(self._client)
+        self._sweep()
 
     def renew_once(self) -> None:
         self._heartbeat()

@@ -157,6 +157,11 @@ def run_worker(settings: Settings, *, demo: str | None = None) -> int:
             file=sys.stderr,
         )
         return EXIT_MODEL_UNAVAILABLE
+    tokenizer_json = engine.tokenizer_json()
+    if tokenizer_json is None:
+        # The API cannot hash prompts without the tokenizer (the synthetic engine): no index
+        # to record, no job to be placed here.
+        settings = settings.model_copy(update={"prefix_placement": "off"})
     # With MIN_REPLICAS each job thread holds a connection while a replica acknowledges its
     # START or FINISH (`FailoverGuard`): a pool of their own, so that lease renewals and
     # events never wait for one.
@@ -185,9 +190,10 @@ def run_worker(settings: Settings, *, demo: str | None = None) -> int:
         settings.model_id,
         engine.max_context_tokens,
         settings.worker_max_batch_tokens,
-        engine.tokenizer_json(),
+        tokenizer_json,
         engine.chat_template(),
         settings.tool_call_parser,
+        settings.prefix_placement_block_tokens,
     )
     keeper = LeaseKeeper(settings, scripts_client, connection, active, name, limits, plane_scripts)
     drain = threading.Timer(
@@ -200,6 +206,8 @@ def run_worker(settings: Settings, *, demo: str | None = None) -> int:
         if not stopping.is_set():
             stopping.set()
             drain.start()
+            # Off the signal handler: jobs placed here go to the model's queues at once.
+            threading.Thread(target=keeper.leave, name="leave", daemon=True).start()
 
     following = threading.Event()
     watch = threading.Thread(
@@ -246,6 +254,7 @@ def run_worker(settings: Settings, *, demo: str | None = None) -> int:
         following.set()
         batcher.stop()
         keeper.stop()
+        keeper.leave()
         scripts_client.close()
         guard_client.close()
         connection.close()

@@ -422,7 +422,7 @@ def build_worker(
     start_signal: StartSignal | None = None,
 ) -> ConcurrentWorker:
     return ConcurrentWorker(
-        worker_queues(connection, model),
+        worker_queues(connection, model, name),
         name=name,
         connection=connection,
         serializer=JSONSerializer,

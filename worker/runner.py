@@ -38,7 +38,7 @@ from tokenrelay.shared.errors import (
 from tokenrelay.shared.events import Done, Error, Started, Usage
 from tokenrelay.shared.generation import GenerationRequest
 from tokenrelay.shared.jobs import JobField, JobStatus, error_fields
-from tokenrelay.shared.redis import job_scripts, plane_scripts, scripts
+from tokenrelay.shared.redis import job_scripts, placement, plane_scripts, scripts
 from tokenrelay.shared.redis.model_limits import ModelLimits
 from tokenrelay.shared.redis.rq_jobs import READER_KEY
 from tokenrelay.shared.redis.scripts import SyncScripts
@@ -118,7 +118,7 @@ class JobRunner:
             log.warning("job %s dequeued again while it runs here; not started twice", job_id)
             return {"status": JobStatus.RUNNING}
         try:
-            reply = self._start(job_id, started.to_wire())
+            reply = self._start(job_id, started.to_wire(), self._prefix_index(prompt_ids))
             if reply.status != JobStatus.RUNNING:
                 log.info("job %s not started: %s", job_id, reply.status)
                 return {"status": str(reply.status)}
@@ -128,8 +128,23 @@ class JobRunner:
         finally:
             self._active.remove(job_id)
 
-    def _start(self, job_id: str, started_event: str) -> job_scripts.StartReply:
-        call = job_scripts.start(self._settings, job_id, self._worker_name, started_event)
+    def _prefix_index(self, prompt_ids: list[int]) -> list[scripts.Arg]:
+        """START's arguments recording this worker as the holder of the prompt's blocks
+        (`shared.redis.placement`): the hashes of the very ids it prefills."""
+        settings = self._settings
+        if settings.prefix_placement == "off":
+            return []
+        model = settings.model_id
+        block_tokens = settings.prefix_placement_block_tokens
+        blocks = placement.prompt_blocks(model, prompt_ids, block_tokens)
+        return placement.index_args(settings, model, blocks)
+
+    def _start(
+        self, job_id: str, started_event: str, prefix_index: list[scripts.Arg]
+    ) -> job_scripts.StartReply:
+        call = job_scripts.start(
+            self._settings, job_id, self._worker_name, started_event, prefix_index
+        )
         open_log = None
         if not self._settings.token_plane_shared:
             open_log = plane_scripts.open_log(self._settings, job_id, started_event)

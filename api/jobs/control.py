@@ -74,7 +74,9 @@ async def submit(
     its own unique id (`batch_job_id`) and is admitted as one (`job_scripts.admit`). A job this
     process reads (`read_here`) names it as its reader: its events are published on this
     process's channel (`StreamHub.reader_id`), where the hub listens anyway, and the hub
-    hears them from before the admission (`StreamHub.expect`)."""
+    hears them from before the admission (`StreamHub.expect`). The job goes to the queue of
+    the worker likely to hold its prompt's longest prefix where there is one
+    (`api.jobs.placement`), else to its model's."""
     job_id = batch_job_id or uuid.uuid4().hex
     settings = state.settings
     reader = state.hub.reader_id if read_here else None
@@ -84,6 +86,7 @@ async def submit(
     request_log.note_generation(caller.owner, request)
     truncating = request.truncating(state.settings.truncate_messages)
     await state.prompt_fit.check(request, truncating=truncating)
+    worker = await state.placement.choose(request)
     moves = state.connector.primary_moves()
     admit = job_scripts.admit(
         settings,
@@ -93,7 +96,13 @@ async def submit(
         caller.max_inflight,
         batch_line=batch_job_id is not None,
         enqueue=queued_job(
-            state.rq_connection, settings, job_id, request, priority or caller.priority, reader
+            state.rq_connection,
+            settings,
+            job_id,
+            request,
+            priority or caller.priority,
+            reader,
+            worker,
         ),
         job_fields=job_fields,
     )

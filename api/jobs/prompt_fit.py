@@ -165,6 +165,34 @@ class PromptFit:
         except ChatTemplateError as exc:
             raise InvalidRequest(str(exc), param="messages") from exc
 
+    async def prompt_ids(self, request: GenerationRequest, at_least: int) -> list[int] | None:
+        """The prompt's token ids as the worker will prefill them (`count`'s rendering, before
+        any truncation), or None where the workers have not published their tokenizer and
+        template, the template refuses the chat, or the prompt has fewer than `at_least`
+        tokens. A text of fewer UTF-8 bytes than `at_least` is not tokenized: a byte-level
+        tokenizer makes at most one token of each byte."""
+        limits = await self._limits_of(request.model)
+        if limits is None:
+            return None
+        tokenizer = await self._tokenizer(request.model, limits.tokenizer_sha256)
+        template = await self._template(request.model, limits.chat_template_sha256)
+        prompt, messages, tools = request.prompt, request.messages, request.tools
+        if tokenizer is None or (template is None and prompt is None):
+            return None
+        encode, per_token = tokenizer.tokenizer.encode, tokenizer.max_bytes_per_token
+
+        def ids() -> list[int] | None:
+            text = prompt if prompt is not None else render_chat(template, messages, tools)
+            if per_token is not None and len(text.encode()) < at_least:
+                return None
+            encoded: list[int] = encode(text, add_special_tokens=False).ids
+            return encoded if len(encoded) >= at_least else None
+
+        try:
+            return await self._run(ids)
+        except ChatTemplateError:
+            return None
+
     async def limits(self, model: str) -> ModelLimits | None:
         """What `model`'s workers published (read again every `LIMITS_REFRESH_S`); None
         before any did."""

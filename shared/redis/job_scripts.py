@@ -180,13 +180,18 @@ RECENT_JOBS_KEPT = 50
 class Enqueue:
     """An admitted job's queue entry, written by ADMIT in the same script: `fields` (name,
     value pairs) in the hash `record_key` with a TTL of `ttl_s`, `queue_key` in the set
-    `queues_key`, the job id at the queue's end. `shared.redis.rq_jobs.queued_job` builds RQ's."""
+    `queues_key`, the job id at the queue's end. `shared.redis.rq_jobs.queued_job` builds RQ's.
+    A job placed by prefix names its `worker`, whose queue `worker_queue_key` takes it while
+    the worker is listed in `placement_workers_key` (`shared.redis.placement`)."""
 
     queues_key: str
     queue_key: str
     record_key: str
     fields: tuple[Arg, ...]
     ttl_s: int
+    worker: str = ""
+    worker_queue_key: str = ""
+    placement_workers_key: str = ""
 
 
 _SEPARATE_PLANE_TEMPLATES = (keys.JOB_KEY_TEMPLATES[0], "", "", "", "")
@@ -241,6 +246,9 @@ def admit(
     if enqueue is not None:
         queue_keys = (enqueue.queues_key, enqueue.queue_key, enqueue.record_key)
         queue_args = [enqueue.ttl_s, *enqueue.fields]
+        if enqueue.worker:
+            queue_keys += (enqueue.placement_workers_key, enqueue.worker_queue_key)
+            queue_args = [enqueue.ttl_s, enqueue.worker, *enqueue.fields]
     return _library_call(
         ADMIT,
         settings,
@@ -291,8 +299,18 @@ def check_admitted(reply: list[Any]) -> int:
     return in_flight
 
 
-def start(settings: Settings, job_id: str, worker: str, started_event: str) -> ScriptCall:
-    return _library_call(START, settings, job_id, worker, settings.lease_ttl_ms, started_event)
+def start(
+    settings: Settings,
+    job_id: str,
+    worker: str,
+    started_event: str,
+    prefix_index: Sequence[Arg] = (),
+) -> ScriptCall:
+    """Start a job on `worker`; `prefix_index`, `placement.index_args` of its prompt, records
+    the worker as the holder of the prompt's blocks."""
+    return _library_call(
+        START, settings, job_id, worker, settings.lease_ttl_ms, started_event, *prefix_index
+    )
 
 
 @dataclass(frozen=True)
@@ -393,10 +411,15 @@ def parse_renew(reply: list[Any]) -> RenewReply:
     )
 
 
-def register_worker(settings: Settings, name: str, model: str, capacity: int) -> ScriptCall:
+def register_worker(
+    settings: Settings, name: str, model: str, capacity: int, *, placeable: bool = True
+) -> ScriptCall:
+    """Beat a worker's heartbeat; while `placeable`, list it among the workers jobs are
+    placed on by prefix (`shared.redis.placement`)."""
     ttl_ms = settings.lease_ttl_ms
-    script_keys = [keys.models(), keys.worker(name)]
-    return ScriptCall(REGISTER_WORKER, script_keys, [model, capacity, ttl_ms])
+    script_keys = [keys.models(), keys.worker(name), keys.placement_workers(model)]
+    args: list[Arg] = [model, capacity, ttl_ms, name, "1" if placeable else "0"]
+    return ScriptCall(REGISTER_WORKER, script_keys, args)
 
 
 def live_models() -> ScriptCall:

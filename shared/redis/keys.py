@@ -121,6 +121,28 @@ def generation_queue(model: str, priority: str) -> str:
     return f"{PREFIX}:{model}:{priority}"
 
 
+def worker_queue(worker: str, priority: str) -> str:
+    """Name of the RQ queue of one worker and priority (`rq:queue:<name>`): jobs placed by
+    prefix on that worker (`api.jobs.placement`), which it drains before its model's queue
+    of the same priority. Its jobs' RQ `origin` stays the model's queue, so RQ's registries,
+    a continuation and a hand-off all put them back there."""
+    return f"{PREFIX}:worker:{worker}:queue-{priority}"
+
+
+def placement_workers(model: str) -> str:
+    """Sorted set of the workers of `model` that take jobs placed by prefix: member the
+    worker name, score its heartbeat's expiry (ms). A worker leaves it when told to stop; a
+    dead one is swept out, its queues handed to the model's (`shared.redis.placement`)."""
+    return f"{PREFIX}:model:{model}:placement-workers"
+
+
+def prefix_index(model: str, epoch: int | str) -> str:
+    """Hash of the prompt blocks `model`'s workers started jobs with during one epoch of
+    `TOKENRELAY_PREFIX_PLACEMENT_TTL_S`: field a block hash's first 8 bytes in hex, value the
+    worker that prefilled it. Expires two epochs after its own."""
+    return f"{PREFIX}:model:{model}:prefix-index:{epoch}"
+
+
 def webhook_deliveries() -> str:
     """List of webhook deliveries to make, JSON `{job_id, event, attempt}`: pushed left by the
     Lua library at a job's transition, taken from the right by the dispatchers

@@ -7,7 +7,8 @@ budget (`TOKENRELAY_WORKER_MAX_BATCH_TOKENS`) and the SHA-256 of its tokenizer, 
 (`ChatTemplate`), stored the same way: with both, an API node counts a chat's prompt tokens
 exactly as the worker will (`POST /v1/messages/count_tokens`). It publishes beside them
 the tool-call parser its model's replies need (`TOKENRELAY_TOOL_CALL_PARSER`), which the API
-uses for that model. Both keys expire an
+uses for that model, and the block size of its prompts' routing hashes (placement by prefix:
+`shared.redis.placement`). Both keys expire an
 hour after the last heartbeat, so a model nobody serves any more leaves nothing behind (the
 API then skips its check and the worker that takes a job still makes it). Workers of one model
 are expected to share their settings (one ConfigMap in the Helm chart): the latest heartbeat
@@ -43,6 +44,9 @@ class ModelLimits:
     #: How the API reads tool calls out of this model's replies (`TOKENRELAY_TOOL_CALL_PARSER`
     #: of its workers); "" from older workers.
     tool_call_parser: str = ""
+    #: Tokens per block of the prompts' routing hashes (`TOKENRELAY_PREFIX_PLACEMENT_BLOCK_TOKENS`
+    #: of its workers: `shared.redis.placement`); 0 from older workers (no placement).
+    prefix_block_tokens: int = 0
 
     @property
     def tokens_per_job(self) -> int:
@@ -80,6 +84,7 @@ class ModelLimits:
             "tokenizer_sha256": self.tokenizer_sha256,
             "chat_template_sha256": self.chat_template_sha256,
             "tool_call_parser": self.tool_call_parser,
+            "prefix_block_tokens": self.prefix_block_tokens,
         }
 
     @classmethod
@@ -94,6 +99,7 @@ class ModelLimits:
                 tokenizer_sha256=text.get("tokenizer_sha256", ""),
                 chat_template_sha256=text.get("chat_template_sha256", ""),
                 tool_call_parser=text.get("tool_call_parser", ""),
+                prefix_block_tokens=int(text.get("prefix_block_tokens", 0)),
             )
         except (KeyError, ValueError):
             return None
@@ -130,6 +136,7 @@ class LimitsPublisher:
         tokenizer_json: str | None,
         chat_template: ChatTemplate | None = None,
         tool_call_parser: str = "",
+        prefix_block_tokens: int = 0,
     ) -> None:
         self._model = model
         self._blobs: dict[str, str] = {}
@@ -137,7 +144,12 @@ class LimitsPublisher:
         template_json = chat_template.model_dump_json() if chat_template is not None else None
         template_sha = self._add(keys.chat_template, template_json)
         self.limits = ModelLimits(
-            context_tokens, batch_tokens, tokenizer_sha, template_sha, tool_call_parser
+            context_tokens,
+            batch_tokens,
+            tokenizer_sha,
+            template_sha,
+            tool_call_parser,
+            prefix_block_tokens,
         )
 
     def _add(self, key: Callable[[str], str], blob: str | None) -> str:

@@ -38,9 +38,22 @@ def generation_queue(connection: redis.Redis, model: str, priority: Priority) ->
     return Queue(name, connection=connection, serializer=JSONSerializer)
 
 
-def worker_queues(connection: redis.Redis, model: str) -> list[Queue]:
-    """A worker's queues, in the order it drains them: high, normal, low priority."""
-    return [generation_queue(connection, model, priority) for priority in PRIORITIES]
+def worker_queues(connection: redis.Redis, model: str, worker: str) -> list[Queue]:
+    """A worker's queues, in the order it drains them: high, normal, low priority, and in
+    each its own queue (jobs placed on it by prefix: `shared.redis.placement`) before its
+    model's."""
+    return [
+        queue
+        for priority in PRIORITIES
+        for queue in (
+            Queue(
+                keys.worker_queue(worker, priority),
+                connection=connection,
+                serializer=JSONSerializer,
+            ),
+            generation_queue(connection, model, priority),
+        )
+    ]
 
 
 _MODEL_MARK = "\0"
@@ -65,6 +78,7 @@ def queued_job(
     request: GenerationRequest,
     priority: Priority = "normal",
     reader: str | None = None,
+    worker: str = "",
 ) -> Enqueue:
     """An admitted job's entry on its model's queue of its priority, as RQ's `enqueue_call`
     would save it (`connection` is never used: RQ's job needs one); ADMIT writes it in the
@@ -74,7 +88,9 @@ def queued_job(
     `reader`, the API process that reads the job's events, tells its worker where to publish
     them (`scripts.emit`): it rides in the request's payload (`READER_KEY`), which a worker
     from before reader channels ignores (`GenerationRequest` ignores unknown fields), so it
-    runs the job as before instead of failing it over an unexpected argument."""
+    runs the job as before instead of failing it over an unexpected argument. A `worker`
+    chosen by prefix (`api.jobs.placement`) gets it in its own queue of that priority, while
+    it is live; its RQ origin stays the model's queue (`shared.redis.placement`)."""
     queue = generation_queue(connection, request.model, priority)
     payload: dict[str, Any] = request.model_dump(mode="json")
     if reader is not None:
@@ -92,7 +108,20 @@ def queued_job(
     job.enqueued_at = now()
     assert job.ttl is not None
     fields = tuple(part for pair in job.to_dict().items() for part in pair)
-    return Enqueue(Queue.redis_queues_keys, queue.key, job.key, fields, job.ttl)
+    if not worker:
+        return Enqueue(Queue.redis_queues_keys, queue.key, job.key, fields, job.ttl)
+    worker_queue = Queue.redis_queue_namespace_prefix + keys.worker_queue(worker, priority)
+    placement_workers = keys.placement_workers(request.model)
+    return Enqueue(
+        Queue.redis_queues_keys,
+        queue.key,
+        job.key,
+        fields,
+        job.ttl,
+        worker,
+        worker_queue,
+        placement_workers,
+    )
 
 
 def job_description(job_id: str) -> str:

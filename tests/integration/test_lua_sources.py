@@ -13,6 +13,7 @@ from tokenrelay.shared.jobs import JobField, JobStatus
 from tokenrelay.shared.redis import (
     batch_scripts,
     job_scripts,
+    placement,
     plane_scripts,
     scripts,
     webhook_scripts,
@@ -35,6 +36,7 @@ SCRIPTS = {
     plane_scripts: ("EMIT", "OPEN", "CLOSE"),
     webhook_scripts: ("WEBHOOK_TICK", "WEBHOOK_RESCHEDULE", "WEBHOOK_RELEASE"),
     batch_scripts: ("BATCH_CLAIM", "BATCH_RESULT"),
+    placement: ("PREFIX_LOOKUP", "SWEEP_WORKER_QUEUES"),
 }
 _TIME_CALL = re.compile(r"""redis\.p?call\(\s*['"]TIME['"]""")
 _STRING_LITERAL = re.compile(r"""'((?:[^'\\]|\\.)*)'|"((?:[^"\\]|\\.)*)\"""")

@@ -251,7 +251,11 @@ def test_rq_runs_a_job_in_two_transactions_and_writes_each_state_once(redis_url:
     per_job = {name: (four[name] - one[name]) / 3 for name in four | one}
     assert per_job["exec"] == 2
     assert per_job.get("watch", 0) == 0  # no dependents to move: no WATCH and read first
-    assert sum(per_job.values()) <= 30, per_job  # 47.7, 37.7, then 33.7 before
+    # In burst mode RQ LPOPs each queue in turn, the worker's own before its model's (a
+    # working worker's BLPOP names them all in one command): two more per job since each
+    # worker has queues of its own (placement by prefix), left out of the earlier bound.
+    assert per_job["lpop"] == 4
+    assert sum(per_job.values()) - per_job["lpop"] <= 28, per_job  # 47.7, 37.7, 33.7 before
 
 
 def test_a_suspended_worker_still_takes_no_job(redis_url: str) -> None:

@@ -1,6 +1,7 @@
 """The Redis key schema is a contract between processes and versions: pin every string."""
 
 from tokenrelay.shared.redis import keys
+from tokenrelay.shared.redis.rq_jobs import queue_model
 
 
 def test_key_strings_are_pinned() -> None:
@@ -23,6 +24,14 @@ def test_key_strings_are_pinned() -> None:
     assert keys.generation_queue("Qwen/Qwen2-0.5B-Instruct", "high") == (
         "tokenrelay:Qwen/Qwen2-0.5B-Instruct:high"
     )
+
+
+def test_placement_key_strings_are_pinned_and_a_workers_queue_is_no_models_queue() -> None:
+    assert keys.worker_queue("w1", "high") == "tokenrelay:worker:w1:queue-high"
+    assert keys.placement_workers("m") == "tokenrelay:model:m:placement-workers"
+    assert keys.prefix_index("m", 42) == "tokenrelay:model:m:prefix-index:42"
+    assert queue_model(keys.worker_queue("w1", "high")) is None
+    assert queue_model(keys.generation_queue("m", "high")) == "m"
 
 
 def test_lua_templates_expand_to_the_same_keys() -> None:

@@ -12,6 +12,11 @@
 -- queue entry's TTL in seconds ('' for none) and its record's name, value pairs; with an
 -- entry, KEYS[6] the set of queues, KEYS[7] the queue, KEYS[8] the job's queue record (RQ's
 -- job hash: `scripts.Enqueue`). An admitted job gets them in this script, never later.
+-- A job placed by prefix (`shared.redis.placement`; 12 KEYS) has KEYS[9] the model's
+-- placement workers (zset), KEYS[10] the chosen worker's queue of its priority, and the
+-- worker's name after the entry's TTL: it goes to that queue while the worker is listed
+-- live there (a worker that left or died hands its queue back in the script that unlists it,
+-- so nothing is placed on it after), else to KEYS[7]; the record's origin is KEYS[7] either way.
 -- Returns {1, in_flight} when admitted, {0, in_flight} when the global limit is reached,
 -- {-1, owner_in_flight} when the owner's limit is; each followed by the ids of running jobs
 -- the reaping failed with the lease-expired error (their RQ registries still call them started).
@@ -41,10 +46,18 @@ redis.call('HSET', key(T_HASH, id), F_STATUS, S_QUEUED, F_OWNER, ARGV[11], F_MOD
   F_CREATED_AT, stamp, F_OWNER_JOBS, KEYS[4], unpack(ARGV, 20, 19 + 2 * extra))
 local entry_ttl = ARGV[20 + 2 * extra]
 if entry_ttl ~= '' then
+  local record, queue = 21 + 2 * extra, KEYS[7]
+  if #KEYS == 12 then
+    local expiry = redis.call('ZSCORE', KEYS[9], ARGV[record])
+    if expiry and tonumber(expiry) > now then
+      queue = KEYS[10]
+    end
+    record = record + 1
+  end
   redis.call('SADD', KEYS[6], KEYS[7])
-  redis.call('HSET', KEYS[8], unpack(ARGV, 21 + 2 * extra, #ARGV))
+  redis.call('HSET', KEYS[8], unpack(ARGV, record, #ARGV))
   redis.call('EXPIRE', KEYS[8], entry_ttl)
-  redis.call('RPUSH', KEYS[7], id)
+  redis.call('RPUSH', queue, id)
 end
 redis.call('LPUSH', KEYS[2], id)
 redis.call('LTRIM', KEYS[2], 0, tonumber(ARGV[14]) - 1)

@@ -1,5 +1,9 @@
 -- START: the job library's KEYS and ARGV[1..7] (library.lua), then
--- ARGV[8] job id, ARGV[9] worker name, ARGV[10] lease TTL (ms), ARGV[11] Started event.
+-- ARGV[8] job id, ARGV[9] worker name, ARGV[10] lease TTL (ms), ARGV[11] Started event,
+-- then, for a prompt of whole blocks (`shared.redis.placement`), ARGV[12] the model's prefix
+-- index key with `{id}` for the epoch, ARGV[13] an epoch's length (ms), ARGV[14] the index's
+-- TTL (s), ARGV[15..] the prompt's block hashes as index fields: a job that starts here
+-- records this worker as the holder of its blocks in the current epoch's index.
 -- Returns the running status when this worker now owns the job, else the status that stops
 -- it (expired when its queue wait ran out, or the terminal status it already has); false
 -- when the job is unknown or another worker runs it (a job given back to its queue after a
@@ -42,6 +46,22 @@ if current ~= S_QUEUED then
   return current
 end
 local now, stamp = now_ms()
+
+-- Record this worker in the prefix index as the holder of the prompt's blocks.
+local function index_prefix()
+  if #ARGV < 15 then
+    return
+  end
+  local index = string.gsub(ARGV[12], '{id}', math.floor(now / tonumber(ARGV[13])))
+  local fields = {}
+  for i = 15, #ARGV do
+    fields[#fields + 1] = ARGV[i]
+    fields[#fields + 1] = ARGV[9]
+  end
+  redis.call('HSET', index, unpack(fields))
+  redis.call('EXPIRE', index, ARGV[14])
+end
+
 local expiry = redis.call('ZSCORE', LEASES, id)
 if (not expiry) or tonumber(expiry) <= now then
   fail(id, S_EXPIRED, 'queue_wait_expired')
@@ -49,6 +69,7 @@ if (not expiry) or tonumber(expiry) <= now then
 end
 redis.call('HSET', h, F_STATUS, S_RUNNING, F_STARTED_AT, stamp, F_WORKER, ARGV[9])
 redis.call('ZADD', LEASES, now + tonumber(ARGV[10]), id)
+index_prefix()
 if attempt then  -- a continuation: the reaper requeued it (library.lua, `continue_job`)
   seam = next_seq(id)
   redis.call('HSET', h, F_SEAM_SEQ, seam)
