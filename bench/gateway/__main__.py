@@ -14,14 +14,15 @@ opens once every client is in its second stream:
 - Redis connections per API process and per worker (`CLIENT LIST` matched to each pid).
 
 `--relay-only` replaces the workers by a lockstep publisher (`bench/gateway/relay.py`) to
-measure API processes and Redis alone. `--api chat,messages` runs each level once per API on
-the same cluster (chat completions, Anthropic's messages) and adds a table of each API
-against chat completions. Results and their reading: docs/benchmarks/gateway.md.
+measure API processes and Redis alone. `--api chat,messages,responses` runs each level once
+per API on the same cluster (chat completions, Anthropic's messages, OpenAI's Responses) and
+adds a table of each API against chat completions. Results and their reading:
+docs/benchmarks/gateway.md.
 
     .venv/bin/python -m bench.gateway                                  # 1, 64, 512, 2000 streams
     .venv/bin/python -m bench.gateway --rate 200 --flush-ms 0,50 --concurrency 1,16,64
     .venv/bin/python -m bench.gateway --relay-only --concurrency 64,256,512,1000
-    .venv/bin/python -m bench.gateway --api chat,messages --concurrency 64 --duration 15
+    .venv/bin/python -m bench.gateway --api chat,messages,responses,chat --concurrency 64
 
 Progress goes to stderr, the tables (markdown) to stdout.
 """
