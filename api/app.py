@@ -43,6 +43,7 @@ from tokenrelay.api.routes import (
 )
 from tokenrelay.api.routes import metrics as metrics_route
 from tokenrelay.api.state import AppState
+from tokenrelay.api.streaming.drain import streams_end_before_drain
 from tokenrelay.api.streaming.hub import StreamHub
 from tokenrelay.api.webhooks.dispatcher import PayloadLoader, dispatch_webhooks
 from tokenrelay.shared.redis import connect as redis_connect
@@ -133,7 +134,8 @@ def create_app(settings: Settings) -> FastAPI:
         settler = asyncio.create_task(settle_forever(state), name="responses-settler")
         watch = asyncio.create_task(state.connector.follow_primary_async(), name="primary-watch")
         try:
-            yield
+            with streams_end_before_drain(state.hub, settings.api_drain_s):
+                yield
         finally:
             await background.stop((reaper, webhooks, feeder, settler, watch))
             await state.close()

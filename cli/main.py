@@ -137,7 +137,6 @@ def _api(args: argparse.Namespace) -> int:
     import uvicorn
 
     from tokenrelay.cli.http_protocol import protocol_factory
-    from tokenrelay.cli.serve import API_DRAIN_S
     from tokenrelay.shared.log_config import logging_config
 
     settings = Settings()  # fail fast, with pydantic's message, on invalid settings
@@ -151,7 +150,7 @@ def _api(args: argparse.Namespace) -> int:
             http=protocol_factory(settings.api_header_timeout_s, settings.api_body_timeout_s),
             timeout_keep_alive=settings.api_keep_alive_timeout_s,
             limit_concurrency=settings.api_max_connections,
-            timeout_graceful_shutdown=API_DRAIN_S,
+            timeout_graceful_shutdown=settings.api_drain_s,
             log_config=logging_config(settings.log_level, settings.log_format),
             # the request log (`api/middleware/request_log.py`) has one line per request
             access_log=False,

@@ -6,7 +6,7 @@ foreground process group) reaches `serve` alone. On SIGINT, SIGTERM or SIGHUP it
 one after the other, each given the time its own drain needs:
 
 1. the API (SIGTERM): uvicorn stops accepting connections at once, and lets the responses in
-   progress, streams included, end within its graceful shutdown (`API_DRAIN_S`);
+   progress, streams included, end within its graceful shutdown (`TOKENRELAY_API_DRAIN_S`);
 2. the worker, which went on serving those streams' jobs meanwhile (SIGTERM: it takes no new
    job and finishes its running ones within `TOKENRELAY_WORKER_DRAIN_S`);
 3. the embedded Redis, last, so nothing above loses it while it stops (SIGTERM: a server
@@ -38,9 +38,6 @@ from tokenrelay.shared.settings import Settings
 log = logging.getLogger("tokenrelay.serve")
 
 REDIS_URL_ENV = "TOKENRELAY_REDIS_URL"
-API_DRAIN_S = 30
-"""uvicorn's graceful shutdown (`tokenrelay api`): how long responses in progress may run on
-after the API was told to stop."""
 _STOP_MARGIN_S = 10.0
 _READY_POLL_S = 0.5
 _STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
@@ -88,7 +85,7 @@ def serve(env: Mapping[str, str], *, host: str, port: int, worker_args: Sequence
         worker = group.spawn("worker", command_of("worker", *worker_args))
         in_order.append((worker, settings.worker_drain_s))
         api = group.spawn("api", command_of("api", "--host", host, "--port", str(port)))
-        in_order.insert(0, (api, API_DRAIN_S))
+        in_order.insert(0, (api, settings.api_drain_s))
         readiness = _Readiness(
             worker, settings.model_copy(update={"redis_url": env[REDIS_URL_ENV]}), host, port
         )

@@ -15,6 +15,7 @@
     ├── QuotaExceeded               (429 rate_limit_exceeded)
     ├── Overloaded                  (503 cluster_overloaded)
     ├── RedisUnavailable            (503 redis_unavailable)
+    ├── ApiShuttingDown             (503 api_shutting_down)
     ├── ModelUnavailable            (503 model_unavailable)
     ├── QueueWaitExpired            (503 expired)
     ├── WorkerLost                  (503 worker_lost)
@@ -144,6 +145,14 @@ class QuotaExceeded(TokenrelayError):
 
 class RedisUnavailable(TokenrelayError):
     error_type = "redis_unavailable"
+    status_code = 503
+
+
+class ApiShuttingDown(TokenrelayError):
+    """The API process serving a stream is stopping, and its drain period ran out before the
+    stream's end (`TOKENRELAY_API_DRAIN_S`)."""
+
+    error_type = "api_shutting_down"
     status_code = 503
 
 

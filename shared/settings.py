@@ -81,6 +81,7 @@ class Settings(BaseSettings):
     docs_enabled: bool = True
     console_enabled: bool = True
     worker_drain_s: float = Field(default=60.0, ge=0)
+    api_drain_s: int = Field(default=30, ge=2)
     job_max_attempts: int = Field(default=3, ge=1)
     worker_concurrency: int = Field(default=8, ge=1)
     worker_max_batch_tokens: int = Field(default=32_768, ge=16)

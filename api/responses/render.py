@@ -12,7 +12,7 @@ from tokenrelay.api.responses.events import ResponseEvents
 from tokenrelay.api.responses.objects import ResponseObject
 from tokenrelay.api.streaming import sse
 from tokenrelay.api.streaming.hub import Delivery
-from tokenrelay.shared.errors import RedisUnavailable
+from tokenrelay.shared.errors import ApiShuttingDown, RedisUnavailable
 
 
 class ResponseSSE:
@@ -39,6 +39,13 @@ class ResponseSSE:
     def lost_redis(self) -> bytes:
         message = "lost Redis while streaming; resume with `starting_after`"
         return self._events.interrupted(RedisUnavailable.error_type, message)
+
+    def closing(self) -> bytes:
+        message = (
+            "the API process serving this stream is stopping; a background response runs on "
+            "(resume it with `starting_after`), a foreground one is cancelled"
+        )
+        return self._events.interrupted(ApiShuttingDown.error_type, message)
 
     def end(self) -> None:
         return None

@@ -18,7 +18,7 @@ from tokenrelay.api.streaming import job_events as hub_events
 from tokenrelay.api.streaming import sse
 from tokenrelay.api.streaming.hub import Delivery
 from tokenrelay.api.streaming.relay import relay
-from tokenrelay.shared.errors import InvalidRequest, RedisUnavailable
+from tokenrelay.shared.errors import ApiShuttingDown, InvalidRequest, RedisUnavailable
 from tokenrelay.shared.jobs import JobField, JobRecord
 
 router = APIRouter(prefix="/v1/jobs", tags=["jobs"], responses=JOB_ERRORS)
@@ -110,6 +110,13 @@ class _JobEventsSSE:
 
     def lost_redis(self) -> bytes:
         error = RedisUnavailable("lost Redis while streaming; reconnect with Last-Event-ID")
+        return sse.encode(json.dumps(error.body()), event="error")
+
+    def closing(self) -> bytes:
+        error = ApiShuttingDown(
+            "the API process serving this stream is stopping; the job runs on: reconnect "
+            "with Last-Event-ID"
+        )
         return sse.encode(json.dumps(error.body()), event="error")
 
     def end(self) -> None:

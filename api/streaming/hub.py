@@ -56,6 +56,11 @@ class Heartbeat:
 HEARTBEAT = Heartbeat()
 _RESYNC = object()
 _IDLE = object()
+_CLOSING = object()
+
+
+class StreamsClosing(Exception):
+    """Raised by `StreamHub.events` once `close_streams` was called: this process stops."""
 
 
 class _IdleAlarm:
@@ -109,6 +114,7 @@ class StreamHub:
         self._plane_shared = plane_shared
         self._listeners: dict[str, Listener] = {}
         self._readers: dict[str, set[asyncio.Queue[Any]]] = {}
+        self._closing = False
         #: The job channels read through their reader's channel alone: that channel.
         self._via_reader: dict[str, str] = {}
         #: Jobs heard since before their admission (`expect`): each one's queue, and until
@@ -221,7 +227,11 @@ class StreamHub:
                         yield delivery
                         if is_terminal(delivery.event):
                             return
+                    if self._closing:
+                        raise StreamsClosing
                     item = await queue.get()
+                    if item is _CLOSING:
+                        raise StreamsClosing
                     if item is _IDLE:
                         yield HEARTBEAT
                         pending = await self._replay(job_id, last_seq)
@@ -331,6 +341,14 @@ class StreamHub:
         except TimeoutError:
             self._channel_listener[channel].unconfirmed.set()
             await asyncio.wait_for(confirmed.wait(), SUBSCRIBE_TIMEOUT_S)
+
+    def close_streams(self) -> None:
+        """End every stream reading a job here (`events` raises `StreamsClosing`): the
+        process stops, and its drain period is running out."""
+        self._closing = True
+        for queues in self._readers.values():
+            for queue in queues:
+                queue.put_nowait(_CLOSING)
 
     def resync(self, channels: set[str]) -> None:
         """A listener's new connection subscribed `channels`: each of their readers re-reads

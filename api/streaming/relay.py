@@ -4,9 +4,10 @@ Every streaming route (chat and text completions, the two articles' shapes, a jo
 stream) differs only in its `Renderer`, the bytes of each part of the stream; `relay` owns
 the rest: Redis trouble ends the stream with the renderer's error, and a client that leaves
 before the end runs the route's `on_leave` (cancelling the job, unless the route lets it run
-on without a listener). HOT PATH: every relayed token passes `relay` and its renderer
-(docs/architecture.md, "The per-token path"); measure with `python -m bench.gateway` before
-and after changing it.
+on without a listener), as does a stream this process ends because it stops
+(`StreamHub.close_streams`), after the renderer's word for it. HOT PATH: every relayed token
+passes `relay` and its renderer (docs/architecture.md, "The per-token path"); measure with
+`python -m bench.gateway` before and after changing it.
 """
 
 from __future__ import annotations
@@ -23,9 +24,14 @@ from redis.exceptions import RedisError
 
 from tokenrelay.api.state import AppState
 from tokenrelay.api.streaming import sse
-from tokenrelay.api.streaming.hub import Delivery, Heartbeat, StreamItem
+from tokenrelay.api.streaming.hub import Delivery, Heartbeat, StreamItem, StreamsClosing
 from tokenrelay.api.streaming.job_events import requested_here
-from tokenrelay.shared.errors import RedisUnavailable, TokenrelayError, from_type
+from tokenrelay.shared.errors import (
+    ApiShuttingDown,
+    RedisUnavailable,
+    TokenrelayError,
+    from_type,
+)
 from tokenrelay.shared.events import Done, Error, TokenChunk, TokenLogprob
 
 
@@ -39,6 +45,10 @@ class Renderer(Protocol):
     def ping(self) -> bytes | None: ...
 
     def lost_redis(self) -> bytes: ...
+
+    def closing(self) -> bytes:
+        """The last word of a stream this process ends because it stops."""
+        ...
 
     def end(self) -> bytes | None: ...
 
@@ -64,6 +74,11 @@ class GenerationRenderer(ABC):
 
     def lost_redis(self) -> bytes:
         return self.error(RedisUnavailable("lost Redis while streaming; the job may still finish"))
+
+    def closing(self) -> bytes:
+        return self.error(
+            ApiShuttingDown("the API process serving this stream is stopping; the job is cancelled")
+        )
 
     @abstractmethod
     def text(self, text: str) -> bytes | None: ...
@@ -130,6 +145,9 @@ async def relay(
         yield head + render.lost_redis()
         head = b""
         ended = True
+    except StreamsClosing:
+        yield head + render.closing()
+        head = b""
     finally:
         if not ended and on_leave is not None:
             on_leave()

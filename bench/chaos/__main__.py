@@ -373,7 +373,9 @@ CHURN_SETTINGS = {"TOKENRELAY_WORKER_DRAIN_S": "1"}
 Fault = Callable[[list[int]], Awaitable[None]]
 
 
-async def run(duration_s: float, mode: Mode, every_s: float = 0.0) -> None:
+async def run(
+    duration_s: float, mode: Mode, every_s: float = 0.0, lease_ttl_s: float = LEASE_TTL_S
+) -> None:
     started = time.monotonic()
 
     def log(message: str) -> None:
@@ -394,7 +396,8 @@ async def run(duration_s: float, mode: Mode, every_s: float = 0.0) -> None:
             )
     elif mode in (Mode.KILL_WORKERS, Mode.STOP_WORKERS):
         server = EmbeddedRedis(persistent=True)
-        with ChaosCluster(SETTINGS | CHURN_SETTINGS, redis_server=server) as cluster:
+        churn = CHURN_SETTINGS | {"TOKENRELAY_LEASE_TTL_S": str(lease_ttl_s)}
+        with ChaosCluster(SETTINGS | churn, redis_server=server) as cluster:
             kill = mode is Mode.KILL_WORKERS
             outcome = await under_load(  # the fault starts with the load: its end is the load's
                 cluster,
@@ -421,7 +424,7 @@ async def run(duration_s: float, mode: Mode, every_s: float = 0.0) -> None:
                 lambda: server.url,
             )
     log("done")
-    print_table(tally, *outcome, mode)
+    print_table(tally, *outcome, mode, lease_ttl_s)
 
 
 async def under_load(
@@ -454,7 +457,12 @@ async def under_load(
 
 
 def print_table(
-    tally: Tally, leases: int, statuses: dict[str, str], texts: dict[str, str], mode: Mode
+    tally: Tally,
+    leases: int,
+    statuses: dict[str, str],
+    texts: dict[str, str],
+    mode: Mode,
+    lease_ttl_s: float,
 ) -> None:
     terminal = {status.value for status in JobStatus if status.is_terminal}
     unfinished = [job_id for job_id, status in statuses.items() if status not in terminal]
@@ -484,14 +492,14 @@ def print_table(
         ("max concurrently admitted / limit", f"{tally.most_leases} / {LIMIT}"),
     ]
     if mode in (Mode.KILL_WORKERS, Mode.STOP_WORKERS):
-        stalls = sorted(wait for wait in tally.longest_waits if wait > LEASE_TTL_S)
+        stalls = sorted(wait for wait in tally.longest_waits if wait > lease_ttl_s)
         rows += [
             ("jobs continued on another worker (migrations)", tally.migrations),
             ("streams that waited past a lease TTL at once", len(stalls)),
             ("  their longest wait, p50 / p99 (s)", _percentiles(stalls)),
             (
                 "longest wait of the other streams, p99 (s)",
-                _percentiles([w for w in tally.longest_waits if w <= LEASE_TTL_S]).split(" / ")[1],
+                _percentiles([w for w in tally.longest_waits if w <= lease_ttl_s]).split(" / ")[1],
             ),
         ]
     if mode is Mode.FAILOVER:
@@ -551,6 +559,13 @@ def main() -> None:
     faults.add_argument(
         "--stop-workers", type=float, metavar="S", help="SIGTERM the workers in turn, every S s"
     )
+    parser.add_argument(
+        "--lease-ttl",
+        type=float,
+        default=LEASE_TTL_S,
+        metavar="S",
+        help="the workers' lease TTL with --kill-workers or --stop-workers",
+    )
     args = parser.parse_args()
     mode = Mode.FAILOVER if args.failover else Mode.PERSISTENCE if args.persistence else Mode.PLAIN
     every_s = args.kill_workers or args.stop_workers or 0.0
@@ -558,7 +573,7 @@ def main() -> None:
         mode = Mode.KILL_WORKERS
     elif args.stop_workers:
         mode = Mode.STOP_WORKERS
-    asyncio.run(run(args.duration, mode, every_s))
+    asyncio.run(run(args.duration, mode, every_s, args.lease_ttl))
 
 
 if __name__ == "__main__":

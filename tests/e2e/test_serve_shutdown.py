@@ -31,9 +31,10 @@ class Stream(threading.Thread):
     """A streamed chat completion read on a thread: its `data` payloads, and an event set at
     its first content."""
 
-    def __init__(self, base_url: str) -> None:
+    def __init__(self, base_url: str, tokens: int = STREAM_TOKENS) -> None:
         super().__init__(daemon=True)
         self.base_url = base_url
+        self.tokens = tokens
         self.payloads: list[str] = []
         self.first_content = threading.Event()
         self.failure: BaseException | None = None
@@ -42,7 +43,7 @@ class Stream(threading.Thread):
         body = {
             "model": MODEL_NAME,
             "messages": [{"role": "user", "content": "Tell me about the sea."}],
-            "max_tokens": STREAM_TOKENS,
+            "max_tokens": self.tokens,
             "ignore_eos": True,
             "stream": True,
             "stream_options": {"include_usage": True},
@@ -94,25 +95,22 @@ def _lines(log_path: Path) -> list[str]:
     return log_path.read_text(errors="replace").splitlines()
 
 
-@pytest.mark.parametrize(
-    ("signum", "log_format"),
-    [
-        pytest.param(signal.SIGINT, "text", id="ctrl-c"),
-        pytest.param(signal.SIGTERM, "json", id="sigterm-json-logs"),
-    ],
-)
-def test_a_signal_to_the_whole_group_mid_stream_drains_in_order_and_exits_0(
-    tiny_model_dir: Path, tmp_path: Path, signum: signal.Signals, log_format: str
-) -> None:
+def serve_and_stop(
+    model_dir: Path, tmp_path: Path, settings: dict[str, str], signum: signal.Signals, tokens: int
+) -> tuple[int, float, Stream, set[int], Path]:
+    """Start `tokenrelay serve` in a process group of its own, as a shell would, stream a
+    reply of `tokens` tokens, and send `signum` to the whole group once the first content
+    came; returns serve's exit status, its time to exit, the stream, the processes serve had
+    started, and its log."""
     port = free_port()
     env = {k: v for k, v in os.environ.items() if not k.startswith("TOKENRELAY_")}
     env |= {
-        "TOKENRELAY_MODEL": str(tiny_model_dir),
+        "TOKENRELAY_MODEL": str(model_dir),
         "TOKENRELAY_SERVED_MODEL_NAME": MODEL_NAME,
         "TOKENRELAY_CACHE_DIR": str(tmp_path / "cache"),
-        "TOKENRELAY_LOG_FORMAT": log_format,
         "HF_HUB_OFFLINE": "1",
         "PYTHONUNBUFFERED": "1",
+        **settings,
     }
     log_path = tmp_path / "serve.log"
     with open(log_path, "wb") as log:
@@ -128,7 +126,7 @@ def test_a_signal_to_the_whole_group_mid_stream_drains_in_order_and_exits_0(
         eventually(lambda: ready(serve, log_path), READY_TIMEOUT_S, "serve's ready line")
         children = descendants(serve.pid)
         assert len(children) >= 3, children  # Redis, the worker, the API
-        stream = Stream(f"http://127.0.0.1:{port}")
+        stream = Stream(f"http://127.0.0.1:{port}", tokens)
         stream.start()
         assert stream.first_content.wait(60), stream.failure
         signalled = time.monotonic()
@@ -143,6 +141,23 @@ def test_a_signal_to_the_whole_group_mid_stream_drains_in_order_and_exits_0(
         for pid in children:
             if alive(pid):
                 os.kill(pid, signal.SIGKILL)
+    return code, exit_s, stream, children, log_path
+
+
+@pytest.mark.parametrize(
+    ("signum", "log_format"),
+    [
+        pytest.param(signal.SIGINT, "text", id="ctrl-c"),
+        pytest.param(signal.SIGTERM, "json", id="sigterm-json-logs"),
+    ],
+)
+def test_a_signal_to_the_whole_group_mid_stream_drains_in_order_and_exits_0(
+    tiny_model_dir: Path, tmp_path: Path, signum: signal.Signals, log_format: str
+) -> None:
+    env = {"TOKENRELAY_LOG_FORMAT": log_format}
+    code, exit_s, stream, children, log_path = serve_and_stop(
+        tiny_model_dir, tmp_path, env, signum, STREAM_TOKENS
+    )
     output = _lines(log_path)
     print(f"serve exited {exit_s:.1f} s after {signum.name}")  # the figure, with `-s`
     assert code == 0, "\n".join(output)
@@ -167,3 +182,28 @@ def test_a_signal_to_the_whole_group_mid_stream_drains_in_order_and_exits_0(
         assert not [line for line in output if "ERROR" in line]
     stopped = [line for line in output if "stopped in" in line]
     assert len(stopped) == 1
+
+
+def test_a_stream_that_outlives_the_apis_drain_ends_with_its_last_word_not_cut(
+    tiny_model_dir: Path, tmp_path: Path
+) -> None:
+    """A reply far longer than the API's drain (`TOKENRELAY_API_DRAIN_S`): a second before
+    the drain ends, the stream gets an `api_shutting_down` error and `[DONE]` (its job is
+    cancelled), where uvicorn would cut it mid-body and log a traceback."""
+    long_reply = 1500
+    settings = {"TOKENRELAY_API_DRAIN_S": "2", "TOKENRELAY_LOG_FORMAT": "json"}
+    code, exit_s, stream, children, log_path = serve_and_stop(
+        tiny_model_dir, tmp_path, settings, signal.SIGINT, long_reply
+    )
+    output = _lines(log_path)
+    assert code == 0, "\n".join(output)
+    assert [pid for pid in children if alive(pid)] == []
+    assert stream.failure is None
+    assert stream.payloads[-1] == "[DONE]"
+    last = json.loads(stream.payloads[-2])
+    assert last["error"]["code"] == "api_shutting_down"
+    assert 1 < len(stream.payloads) - 2 < long_reply  # some tokens, then the last word
+    assert not [line for line in output if "Traceback" in line]
+    records = [json.loads(line) for line in output if line.strip()]
+    assert not [record for record in records if record.get("level") == "ERROR"]
+    assert exit_s < 60

@@ -396,3 +396,46 @@ async def test_a_reader_channel_message_with_a_line_short_is_dropped_not_raised(
     delivered = queue.get_nowait()
     assert isinstance(delivered, Delivery) and delivered.raw == event
     assert queue.empty()
+
+
+async def test_close_streams_ends_every_open_reader_and_any_that_comes_after(
+    settings: Settings, sync_redis: redis.Redis, async_redis: redis.asyncio.Redis
+) -> None:
+    """A stopping API process (`api.streaming.drain`) ends its streams through the hub:
+    a reader waiting for a job's next event raises `StreamsClosing`, after what it read; a
+    reader that comes later gets what the log holds, then the same end."""
+    run = SyncScripts(sync_redis)
+    job_scripts.check_admitted(run.run(job_scripts.admit(settings, "j", "o", "m")))
+    run.run(job_scripts.start(settings, "j", "w", Started(worker="w", prompt_tokens=1).to_wire()))
+    hub = StreamHub(async_redis)
+    hub.start()
+    read: list[int] = []
+    first = asyncio.Event()
+
+    async def reader() -> None:
+        async for item in hub.events("j"):
+            assert isinstance(item, Delivery)
+            read.append(item.event.seq)
+            first.set()
+
+    try:
+        task = asyncio.create_task(reader())
+        await asyncio.wait_for(first.wait(), 10)
+        hub.close_streams()
+        with pytest.raises(streams.StreamsClosing):
+            await asyncio.wait_for(task, 10)
+        assert read == [0]
+        chunk = TokenChunk(text="x", tokens=1).to_wire()
+        await asyncio.to_thread(run.run, plane_scripts.emit(settings, [("j", 1, chunk)]))
+        late: list[int] = []
+
+        async def late_reader() -> None:
+            async for item in hub.events("j"):
+                assert isinstance(item, Delivery)
+                late.append(item.event.seq)
+
+        with pytest.raises(streams.StreamsClosing):
+            await asyncio.wait_for(late_reader(), 10)
+        assert late == [0, 1]  # what the log held, then the end instead of a wait
+    finally:
+        await hub.close()

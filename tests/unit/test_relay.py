@@ -6,7 +6,7 @@ import asyncio
 from collections.abc import AsyncIterator
 from typing import Any
 
-from tokenrelay.api.streaming.hub import Delivery, StreamItem
+from tokenrelay.api.streaming.hub import Delivery, StreamItem, StreamsClosing
 from tokenrelay.api.streaming.relay import relay
 from tokenrelay.shared.events import Done, Started, TokenChunk, Usage
 
@@ -28,6 +28,9 @@ class _Render:
 
     def lost_redis(self) -> bytes:
         return b"[lost]"
+
+    def closing(self) -> bytes:
+        return b"[closing]"
 
     def end(self) -> bytes | None:
         return b"[end]"
@@ -92,3 +95,22 @@ def test_a_stream_read_to_its_end_does_not_run_on_leave() -> None:
 
     assert asyncio.run(read_all()) == [b"[start][t]", b"[done]", b"[end]"]
     assert left == []
+
+
+def test_a_stream_the_process_ends_gets_the_last_word_its_end_and_on_leave() -> None:
+    """`StreamHub.close_streams` (the process stops): the renderer's closing word, the
+    stream's end, and the route's `on_leave` (a foreground job is cancelled)."""
+
+    async def closing_after_two() -> AsyncIterator[StreamItem]:
+        for item in _tokens(2):
+            yield item
+        raise StreamsClosing
+
+    left: list[str] = []
+
+    async def read_all() -> list[bytes]:
+        stream = relay(closing_after_two(), _Render(), on_leave=lambda: left.append("left"))
+        return [out async for out in stream]
+
+    assert asyncio.run(read_all()) == [b"[start][t]", b"[t]", b"[closing]", b"[end]"]
+    assert left == ["left"]
