@@ -40,6 +40,7 @@ import asyncio
 import json
 import random
 import signal
+import sys
 import time
 from collections import Counter
 from collections.abc import Awaitable, Callable
@@ -259,9 +260,14 @@ class Load:
         except httpx.TransportError as exc:
             self.tally.record(Outcome.CONNECTION, type(exc).__name__)
 
+    def _load_ends(self, until: float) -> float:
+        """`until`, or later where Redis restarted (or failed over): the load goes on after."""
+        restarted = self.tally.redis_restarted_at
+        return until if restarted == float("inf") else max(until, restarted + AFTER_REDIS_S)
+
     async def client(self, until: float) -> None:
         """Loop until `until`, and at least AFTER_REDIS_S past the Redis restart."""
-        while time.monotonic() < max(until, self.tally.redis_restarted_at + AFTER_REDIS_S):
+        while time.monotonic() < self._load_ends(until):
             await self.one()
             await asyncio.sleep(random.uniform(0, 0.05))
 
@@ -573,6 +579,9 @@ def main() -> None:
         mode = Mode.KILL_WORKERS
     elif args.stop_workers:
         mode = Mode.STOP_WORKERS
+    # A SIGTERM (`timeout`, say) leaves through Python, so the processes the bench started
+    # are stopped on the way out rather than left running.
+    signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))
     asyncio.run(run(args.duration, mode, every_s, args.lease_ttl))
 
 
