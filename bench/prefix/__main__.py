@@ -65,6 +65,9 @@ def main() -> int:
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="python -m bench.prefix")
     parser.add_argument("--workers", default="1,2,4", help="worker counts, one row each")
+    parser.add_argument(
+        "--vllm-workers", help="the vLLM engine's worker counts (default: --workers)"
+    )
     parser.add_argument("--engines", default="transformers,vllm")
     parser.add_argument("--conversations", type=int, default=8)
     parser.add_argument("--turns", type=int, default=5)
@@ -102,7 +105,8 @@ def _plan(args: argparse.Namespace) -> list[tuple[Variant, bool]]:
         if engine == "vllm" and not Path(args.vllm_python).exists():
             log(f"no vLLM environment at {args.vllm_python}: the vLLM rows are skipped")
             continue
-        for workers in (int(w) for w in args.workers.split(",")):
+        counts = args.vllm_workers if engine == "vllm" and args.vllm_workers else args.workers
+        for workers in (int(w) for w in counts.split(",")):
             plan.append((Variant(engine, workers, True, True), False))
     return plan
 
@@ -138,8 +142,9 @@ def _header(
         f"({args.dtype}, CPU, one compute thread per worker), interleaved round by round, "
         f"{args.concurrency} request(s) in flight: ~{args.history_tokens}-token openings, "
         f"~{args.turn_tokens} tokens a turn, {args.reply_tokens}-token replies; cold chats as "
-        f"long as the follow-ups; {args.distinct} distinct ~{args.history_tokens}-token prompts "
-        f"at {args.distinct_concurrency} in flight for throughput. {os.cpu_count()} cores; "
+        f"long as the follow-ups; throughput on {args.distinct} distinct "
+        f"~{args.history_tokens}-token prompts at {args.distinct_concurrency} in flight "
+        f"(transformers, {args.baseline_workers} workers). {os.cpu_count()} cores; "
         f"load average (1, 5, 15 min) {_load(load_before)} before, {_load(load_after)} after; "
         f"{minutes:.1f} min."
     )
