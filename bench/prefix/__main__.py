@@ -50,15 +50,18 @@ def main() -> int:
     launch = Launch(model_dir, args.dtype, args.vllm_python, log_dir)
     log(f"child logs in {log_dir}")
     load_before, started = os.getloadavg(), time.monotonic()
-    rows = [_row(variant, baseline, launch, prompts, args) for variant, baseline in _plan(args)]
+    rows: list[Row] = []
+    for variant, baseline in _plan(args):
+        rows.append(_row(variant, baseline, launch, prompts, args))
+        log("the table so far:\n" + table(rows))
+        if args.json:  # after every row: a long run cut short keeps what it measured
+            args.json.write_text(json.dumps([r.as_dict() for r in rows], indent=2, default=str))
     minutes = (time.monotonic() - started) / 60
     print(_header(args, load_before, os.getloadavg(), minutes))
     print()
     print(table(rows))
     print()
     print(targets(rows))
-    if args.json:
-        args.json.write_text(json.dumps([row.as_dict() for row in rows], indent=2, default=str))
     return 0
 
 
