@@ -118,6 +118,7 @@ def _row(
     variant: Variant, baseline: bool, launch: Launch, prompts: Prompts, args: argparse.Namespace
 ) -> Row:
     log(f"{variant.label}: starting")
+    load_at_start = os.getloadavg()[0]
     with PrefixCluster(variant, launch) as cluster:
         traffic = run_conversations(
             cluster, prompts, args.reply_tokens, args.concurrency, lambda m: log(f"  {m}")
@@ -126,7 +127,7 @@ def _row(
         if variant.engine == "transformers" and variant.workers == args.baseline_workers:
             distinct = run_distinct(cluster, prompts, args.reply_tokens, args.distinct_concurrency)
             log(f"  distinct prompts: {distinct:.2f} jobs/s")
-    row = summarize(variant, traffic, distinct, baseline)
+    row = summarize(variant, traffic, distinct, baseline, (load_at_start, os.getloadavg()[0]))
     log(
         f"{variant.label}: follow-up p90 {row.follow_up_p90_s * 1000:.0f} ms, cold p50 "
         f"{row.cold_p50_s * 1000:.0f} ms, hit {row.hit_rate:.1%}, jobs {row.jobs_per_worker}"

@@ -28,6 +28,8 @@ class Row:
     hit_rate: float
     jobs_per_worker: list[int]
     distinct_jobs_per_s: float | None
+    load_1m: tuple[float, float]
+    """The 1-minute load average as the row started and as it ended."""
 
     @property
     def balance(self) -> float:
@@ -38,7 +40,13 @@ class Row:
         return {**asdict(self), "label": self.variant.label, "balance": self.balance}
 
 
-def summarize(variant: Variant, traffic: RowTraffic, distinct: float | None, baseline: bool) -> Row:
+def summarize(
+    variant: Variant,
+    traffic: RowTraffic,
+    distinct: float | None,
+    baseline: bool,
+    load_1m: tuple[float, float],
+) -> Row:
     cold = [r for r in traffic.requests if r.kind == "cold"]
     follow_ups = [r for r in traffic.requests if r.kind == "follow-up"]
     return Row(
@@ -55,6 +63,7 @@ def summarize(variant: Variant, traffic: RowTraffic, distinct: float | None, bas
         ),
         jobs_per_worker=sorted(traffic.jobs_per_worker.values(), reverse=True),
         distinct_jobs_per_s=distinct,
+        load_1m=load_1m,
     )
 
 
@@ -73,8 +82,8 @@ def table(rows: list[Row]) -> str:
         "| engine | workers | cache | placement | cold p50 ms | cold p90 ms | follow-up p50 ms "
         "| follow-up p90 ms | follow-up p90 / cold p50 | follow-up p50 vs baseline "
         "| hit rate | vs 1 worker | jobs per worker | busiest / mean | distinct jobs/s "
-        "| vs baseline |",
-        "|---|---:|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---|---:|---:|---:|",
+        "| vs baseline | load (1 min) |",
+        "|---|---:|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---|---:|---:|---:|---|",
     ]
     for row in rows:
         v = row.variant
@@ -89,7 +98,8 @@ def table(rows: list[Row]) -> str:
             f"| {_ratio(row.hit_rate, single.hit_rate if single and not row.baseline else None)} "
             f"| {'/'.join(map(str, row.jobs_per_worker))} | {row.balance:.2f} "
             f"| {_rate(row.distinct_jobs_per_s)} "
-            f"| {_ratio(row.distinct_jobs_per_s, base.distinct_jobs_per_s if base else None)} |"
+            f"| {_ratio(row.distinct_jobs_per_s, base.distinct_jobs_per_s if base else None)} "
+            f"| {row.load_1m[0]:.1f} to {row.load_1m[1]:.1f} |"
         )
     return "\n".join(lines)
 
