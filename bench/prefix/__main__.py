@@ -27,6 +27,7 @@ from pathlib import Path
 
 from bench.common import ensure_model, log
 from bench.prefix.cluster import Launch, PrefixCluster, Variant
+from bench.prefix.pairs import pairs_table, run_pairs
 from bench.prefix.report import Row, summarize, table, targets
 from bench.prefix.traffic import Prompts, make_prompts, run_conversations, run_distinct
 
@@ -58,10 +59,22 @@ def main() -> int:
             args.json.write_text(json.dumps([r.as_dict() for r in rows], indent=2, default=str))
     minutes = (time.monotonic() - started) / 60
     print(_header(args, load_before, os.getloadavg(), minutes))
-    print()
-    print(table(rows))
-    print()
-    print(targets(rows))
+    if rows:
+        print(f"\n{table(rows)}\n\n{targets(rows)}")
+    if args.throughput_pairs:
+        pairs = run_pairs(
+            launch,
+            tokenizer,
+            args.pair_workers,
+            args.throughput_pairs,
+            args.distinct,
+            args.history_tokens,
+            args.reply_tokens,
+            args.distinct_concurrency,
+            lambda m: log(f"  {m}"),
+        )
+        print(f"\nInterleaved pairs, load average {_load(os.getloadavg())} after:\n")
+        print(pairs_table(pairs, args.pair_workers))
     return 0
 
 
@@ -91,6 +104,13 @@ def _parser() -> argparse.ArgumentParser:
         default=2,
         help="workers of the baseline row (transformers, cache and placement off); 0: none",
     )
+    parser.add_argument(
+        "--throughput-pairs",
+        type=int,
+        default=0,
+        help="then this many interleaved distinct-prompt runs, baseline against all on",
+    )
+    parser.add_argument("--pair-workers", type=int, default=2)
     parser.add_argument("--shape", default="qwen2-0.5b")
     parser.add_argument("--dtype", default="bfloat16")
     parser.add_argument("--vllm-python", default=".venv-vllm/bin/python")
@@ -104,7 +124,7 @@ def _plan(args: argparse.Namespace) -> list[tuple[Variant, bool]]:
     plan = []
     if args.baseline_workers:
         plan.append((Variant("transformers", args.baseline_workers, False, False), True))
-    for engine in args.engines.split(","):
+    for engine in filter(None, args.engines.split(",")):
         if engine == "vllm" and not Path(args.vllm_python).exists():
             log(f"no vLLM environment at {args.vllm_python}: the vLLM rows are skipped")
             continue
