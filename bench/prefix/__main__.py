@@ -58,8 +58,8 @@ def main() -> int:
         if args.json:  # after every row: a long run cut short keeps what it measured
             args.json.write_text(json.dumps([r.as_dict() for r in rows], indent=2, default=str))
     minutes = (time.monotonic() - started) / 60
-    print(_header(args, load_before, os.getloadavg(), minutes))
     if rows:
+        print(_header(args, load_before, os.getloadavg(), minutes))
         print(f"\n{table(rows)}\n\n{targets(rows)}")
     if args.throughput_pairs:
         pairs = run_pairs(
@@ -73,7 +73,11 @@ def main() -> int:
             args.distinct_concurrency,
             lambda m: log(f"  {m}"),
         )
-        print(f"\nInterleaved pairs, load average {_load(os.getloadavg())} after:\n")
+        print(
+            f"\nInterleaved pairs: {args.distinct} distinct ~{args.history_tokens}-token "
+            f"prompts, {args.distinct_concurrency} in flight, {args.reply_tokens}-token "
+            f"replies; load average {_load(os.getloadavg())} after:\n"
+        )
         print(pairs_table(pairs, args.pair_workers))
     return 0
 
