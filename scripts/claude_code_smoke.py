@@ -61,9 +61,12 @@ def run_claude(claude: str, base_url: str, full: bool, timeout_s: float) -> tupl
             "ANTHROPIC_BASE_URL": base_url,
             **CLAUDE_ENV,
         }
+        # Its default `max_tokens` (32,000) is past this server's `MAX_TOKENS_LIMIT` and,
+        # with its full prompt, past a 32k window: refused with Anthropic's 400, which
+        # Claude Code shows. Its own knob lowers it, for the full run too.
+        env["CLAUDE_CODE_MAX_OUTPUT_TOKENS"] = "1024" if full else "200"
         command = [claude, "-p"]
         if not full:
-            env["CLAUDE_CODE_MAX_OUTPUT_TOKENS"] = "200"
             command += ["--tools", ""]
         try:
             done = subprocess.run(
