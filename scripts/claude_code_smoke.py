@@ -26,13 +26,12 @@ import argparse
 import json
 import os
 import shutil
-import subprocess
 import sys
 import tempfile
 from pathlib import Path
 from typing import Any
 
-from tokenrelay.testing.recording_proxy import record_run, sse_event_names
+from tokenrelay.testing.recording_proxy import record_run, run_client, sse_event_names
 
 MODEL = "m"
 PROMPT = "Reply with the word hello"
@@ -68,19 +67,7 @@ def run_claude(claude: str, base_url: str, full: bool, timeout_s: float) -> tupl
         command = [claude, "-p"]
         if not full:
             command += ["--tools", ""]
-        try:
-            done = subprocess.run(
-                [*command, "--", PROMPT],
-                env=env,
-                cwd=home,
-                stdin=subprocess.DEVNULL,
-                capture_output=True,
-                timeout=timeout_s,
-                check=False,
-            )
-        except subprocess.TimeoutExpired:
-            return 124, f"claude did not finish within {timeout_s:g} s"
-        return done.returncode, (done.stdout + done.stderr).decode(errors="replace")
+        return run_client([*command, "--", PROMPT], env, home, timeout_s)
 
 
 def summary(record: dict[str, Any]) -> dict[str, Any]:

@@ -28,13 +28,12 @@ import argparse
 import json
 import os
 import shutil
-import subprocess
 import sys
 import tempfile
 from pathlib import Path
 from typing import Any
 
-from tokenrelay.testing.recording_proxy import record_run, sse_event_names
+from tokenrelay.testing.recording_proxy import record_run, run_client, sse_event_names
 
 MODEL = "m"
 PROMPT = "Reply with the word hello"
@@ -103,19 +102,7 @@ def run_codex(
             "LOCAL_API_KEY": "x",
         }
         command = [codex, "exec", "--ephemeral", "--skip-git-repo-check", PROMPT]
-        try:
-            done = subprocess.run(
-                command,
-                env=env,
-                cwd=home,
-                stdin=subprocess.DEVNULL,
-                capture_output=True,
-                timeout=timeout_s,
-                check=False,
-            )
-        except subprocess.TimeoutExpired:
-            return 124, f"codex did not finish within {timeout_s:g} s"
-        return done.returncode, (done.stdout + done.stderr).decode(errors="replace")
+        return run_client(command, env, home, timeout_s)
 
 
 def summary(record: dict[str, Any]) -> dict[str, Any]:

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import subprocess
 import tempfile
 import threading
 from collections.abc import Callable, Iterator
@@ -105,3 +106,23 @@ def sse_event_names(record: dict[str, Any]) -> list[str]:
         for line in record.get("reply", "").splitlines()
         if line.startswith("event: ")
     ]
+
+
+def run_client(
+    command: list[str], env: dict[str, str], cwd: str, timeout_s: float
+) -> tuple[int, str]:
+    """Run an agent CLI to its end, stdin closed, bounded by `timeout_s`: its exit status and
+    its output (124 and a line saying so when it ran out of time)."""
+    try:
+        done = subprocess.run(
+            command,
+            env=env,
+            cwd=cwd,
+            stdin=subprocess.DEVNULL,
+            capture_output=True,
+            timeout=timeout_s,
+            check=False,
+        )
+    except subprocess.TimeoutExpired:
+        return 124, f"{Path(command[0]).name} did not finish within {timeout_s:g} s"
+    return done.returncode, (done.stdout + done.stderr).decode(errors="replace")
