@@ -13,12 +13,15 @@ The text a job's stop-string matcher and incremental decoder hold back is not in
 both are fed the delivered ids again (`resume`), which puts them where they were, so a stop
 string spanning the seam is found and a character split across it is whole. A seed cannot
 carry over (the engine's generator state is not in Redis): a continuation reseeds with the
-same seed, so a seeded job is reproducible only up to its seam. A job under a grammar cannot
-continue (its matcher would have to be advanced through the delivered tokens): it fails.
+same seed, so a seeded job is reproducible only up to its seam. A job under a grammar (a JSON
+schema, a forced tool call) continues with its matcher advanced through the delivered tokens
+(`Engine.continue_grammar`), so its output still validates; an engine that cannot start a
+grammar part-way (vLLM's) fails it with a clear error instead.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 
 from tokenrelay.shared.errors import GenerationFailed
@@ -26,12 +29,6 @@ from tokenrelay.shared.events import TokenChunk, parse_event
 from tokenrelay.worker.delivery import FIRST_SEQ, JobLog
 from tokenrelay.worker.engines.protocol import IncrementalDecoder, SamplingParams
 from tokenrelay.worker.stop_strings import StopStringMatcher
-
-GRAMMAR_MESSAGE = (
-    "the worker running this job was lost, and a job under a JSON schema or a forced tool "
-    "call cannot continue on another worker (its grammar cannot be advanced through the "
-    "tokens already delivered)"
-)
 
 
 @dataclass(frozen=True)
@@ -68,16 +65,23 @@ class Delivered:
         delivered text."""
         return JobLog(job_id, reader_channel, first_seq=self.seam_seq + 1, prior_text=self.text)
 
-    def params(self, params: SamplingParams) -> SamplingParams:
-        """The sampling of the rest: `max_tokens` and `min_tokens` less what was delivered.
-        Raises `GenerationFailed` for a job under a grammar that delivered tokens."""
-        if params.grammar is not None and self.token_ids:
-            raise GenerationFailed(GRAMMAR_MESSAGE)
+    def params(
+        self,
+        params: SamplingParams,
+        continue_grammar: Callable[[object, Sequence[int]], object],
+    ) -> SamplingParams:
+        """The sampling of the rest: `max_tokens` and `min_tokens` less what was delivered,
+        and a grammar past the delivered tokens (`continue_grammar`, the engine's, which
+        raises `GenerationFailed` where it cannot)."""
         done = len(self.token_ids)
+        grammar = params.grammar
+        if grammar is not None and self.token_ids:
+            grammar = continue_grammar(grammar, self.token_ids)
         return replace(
             params,
             max_tokens=params.max_tokens - done,
             min_tokens=max(0, params.min_tokens - done),
+            grammar=grammar,
         )
 
     def resume(self, decoder: IncrementalDecoder, matcher: StopStringMatcher) -> None:

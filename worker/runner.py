@@ -234,7 +234,7 @@ class JobRunner:
         return BatchJob(
             job_id,
             prompt_ids + list(delivered.token_ids),
-            delivered.params(params),
+            delivered.params(params, self._engine.continue_grammar),
             decoder,
             matcher,
             job_log,

@@ -140,6 +140,37 @@ def test_a_killed_workers_greedy_job_continues_elsewhere_with_the_uninterrupted_
     eventually(lambda: lease_count(cluster) == 0, 10, "the leases to be released")
 
 
+def test_a_killed_workers_json_job_continues_elsewhere_and_still_validates(
+    cluster: Cluster,
+) -> None:
+    """Its grammar carries over: the next worker starts the schema's matcher past the
+    delivered tokens (`Engine.continue_grammar`), so the text is the uninterrupted one."""
+    story = {
+        "type": "object",
+        "properties": {"story": {"type": "string", "minLength": 300, "maxLength": 400}},
+        "required": ["story"],
+        "additionalProperties": False,
+    }
+    schema = {"name": "story", "schema": story, "strict": True}
+    body = {key: value for key, value in GREEDY.items() if key != "min_tokens"}
+    body |= {"max_tokens": 1500, "response_format": {"type": "json_schema", "json_schema": schema}}
+    workers = [cluster.start_worker(), cluster.start_worker()]
+    cluster.start_api()
+    with httpx.Client(base_url=cluster.base_url, timeout=60) as http:
+        reference_id = http.post("/v1/jobs", json=body).json()["id"]
+        assert list(stream_job(http, reference_id))[-1]["type"] == "done"
+        reference = http.get(f"/v1/jobs/{reference_id}").json()
+        job_id = http.post("/v1/jobs", json=body).json()["id"]
+        head = tokens_delivered(http, job_id, 10)
+        kill(cluster, runner_of(cluster, http, workers, job_id))
+        events = list(stream_job(http, job_id, after=head[-1]["seq"]))
+        record = http.get(f"/v1/jobs/{job_id}").json()
+    check_one_stream(head + events, record, reference["usage"]["completion_tokens"])
+    assert record["status"] == "succeeded" and record["attempts"] == 2
+    assert record["text"] == reference["text"]
+    assert 300 <= len(json.loads(record["text"])["story"]) <= 400
+
+
 def test_a_paused_worker_that_comes_back_writes_nothing_into_its_continued_job(
     cluster: Cluster,
 ) -> None:

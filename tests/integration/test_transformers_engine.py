@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from tokenrelay.shared.errors import InvalidRequest
+from tokenrelay.shared.errors import GenerationFailed, InvalidRequest
 from tokenrelay.shared.generation import ChatMessage
 from tokenrelay.worker.engines.protocol import SamplingParams
 from tokenrelay.worker.engines.transformers_engine import TransformersEngine
@@ -231,3 +231,39 @@ def test_a_json_schema_is_enforced_per_row_and_always_closes_on_random_weights(
 def test_a_schema_the_grammar_engine_cannot_take_is_a_400(engine: TransformersEngine) -> None:
     with pytest.raises(InvalidRequest, match="response_format"):
         engine.compile_grammar(json.dumps({"type": "object", "properties": {"a": {"$ref": "#/x"}}}))
+
+
+def test_a_json_job_continued_past_its_delivered_tokens_ends_as_it_would_have(
+    engine: TransformersEngine,
+) -> None:
+    """A continuation (`worker.continuation`) prefills the delivered tokens after the prompt
+    and starts its grammar past them (`continue_grammar`): a greedy JSON-schema job cut after
+    `k` tokens generates exactly the rest of the uninterrupted job, which validates."""
+    grammar = engine.compile_grammar(json.dumps(BOUNDED_SCHEMA))
+    whole_params = dataclasses.replace(GREEDY, max_tokens=200, min_tokens=0, grammar=grammar)
+    whole, _ = run(engine, [("whole", "hi", whole_params, 0)])
+    document = json.loads(engine.tokenizer.decode(whole["whole"], skip_special_tokens=True))
+    assert set(document) == {"name", "ok", "n", "colour"}
+    k = len(whole["whole"]) // 2
+    delivered = whole["whole"][:k]
+    prompt = engine.encode_chat([ChatMessage(role="user", content="hi")])
+    rest_params = dataclasses.replace(
+        whole_params, max_tokens=200 - k, grammar=engine.continue_grammar(grammar, delivered)
+    )
+    engine.add("rest", prompt + delivered, rest_params)
+    rest: list[int] = []
+    for _ in range(300):
+        outputs = engine.step()
+        rest += [o.token_id for o in outputs if o.token_id is not None]
+        if any(o.finish_reason is not None for o in outputs):
+            break
+    assert delivered + rest == whole["whole"]
+
+
+def test_a_grammar_that_refuses_the_delivered_tokens_fails_the_continuation(
+    engine: TransformersEngine,
+) -> None:
+    grammar = engine.compile_grammar(json.dumps(BOUNDED_SCHEMA))
+    not_json = engine.encode_prompt("hello")
+    with pytest.raises(GenerationFailed, match="refuses the tokens already delivered"):
+        engine.continue_grammar(grammar, not_json)

@@ -3,13 +3,15 @@ stop-string matcher put back where the earlier worker left them."""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import pytest
 
 from tokenrelay.shared.errors import GenerationFailed
 from tokenrelay.shared.events import Started, TokenChunk
 from tokenrelay.shared.redis.plane_scripts import log_payload
-from tokenrelay.worker.continuation import GRAMMAR_MESSAGE, Delivered
-from tokenrelay.worker.engines.protocol import SamplingParams
+from tokenrelay.worker.continuation import Delivered
+from tokenrelay.worker.engines.protocol import GRAMMAR_CANNOT_CONTINUE, SamplingParams
 from tokenrelay.worker.stop_strings import StopStringMatcher
 
 VOCAB = {1: "Hel", 2: "lo ", 3: "wor", 4: "ld", 5: "EN", 6: "D!"}
@@ -37,7 +39,7 @@ def test_the_delivered_ids_and_text_come_from_the_token_chunks_and_the_seam_foll
     earlier = Started(worker="w1", prompt_tokens=3, attempt=2).to_wire()
     delivered = Delivered.from_log(logged(chunk("Hel", [1]), earlier, chunk("lo ", [2])))
     assert delivered == Delivered(token_ids=(1, 2), text="Hello ", seam_seq=4)
-    continued = delivered.params(params())
+    continued = delivered.params(params(), lambda grammar, ids: grammar)
     assert (continued.max_tokens, continued.min_tokens) == (8, 2)
     log = delivered.job_log("j", None)
     assert (log.next_seq, log.text) == (5, "Hello ")
@@ -64,8 +66,24 @@ def test_chunks_without_token_ids_cannot_be_continued() -> None:
         Delivered.from_log(logged(TokenChunk(text="Hel", tokens=1).to_wire()))
 
 
-def test_a_job_under_a_grammar_fails_once_it_delivered_tokens_and_restarts_before() -> None:
-    with pytest.raises(GenerationFailed, match="grammar") as failed:
-        Delivered.from_log(logged(chunk("{", [1]))).params(params(grammar=object()))
-    assert failed.value.message == GRAMMAR_MESSAGE
-    assert Delivered.from_log(()).params(params(grammar="g")).max_tokens == 10
+def test_a_job_under_a_grammar_continues_past_its_delivered_tokens_where_the_engine_can() -> None:
+    continued: list[tuple[object, tuple[int, ...]]] = []
+
+    def advance(grammar: object, delivered: Sequence[int]) -> object:
+        continued.append((grammar, tuple(delivered)))
+        return "past"
+
+    rest = Delivered.from_log(logged(chunk("{", [1]))).params(params(grammar="g"), advance)
+    assert rest.grammar == "past" and continued == [("g", (1,))]
+    assert rest.max_tokens == 9
+    fresh = Delivered.from_log(()).params(params(grammar="g"), advance)
+    assert fresh.grammar == "g" and fresh.max_tokens == 10 and len(continued) == 1
+
+
+def test_a_job_under_a_grammar_fails_where_the_engine_cannot_continue_it() -> None:
+    def cannot(grammar: object, delivered: Sequence[int]) -> object:
+        raise GenerationFailed(GRAMMAR_CANNOT_CONTINUE)
+
+    with pytest.raises(GenerationFailed, match="JSON schema") as failed:
+        Delivered.from_log(logged(chunk("{", [1]))).params(params(grammar=object()), cannot)
+    assert failed.value.message == GRAMMAR_CANNOT_CONTINUE

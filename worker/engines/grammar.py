@@ -26,12 +26,13 @@ its newlines, which the control-character mask would forbid).
 from __future__ import annotations
 
 import json
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import torch
 
-from tokenrelay.shared.errors import InvalidRequest
+from tokenrelay.shared.errors import GenerationFailed, InvalidRequest
 
 
 class GrammarCompiler:
@@ -67,8 +68,27 @@ class GrammarCompiler:
         """The compiled grammar; `InvalidRequest` (400) for a schema xgrammar refuses."""
         return self._compiler.compile_grammar(grammar_of(json_schema, tool_call))
 
-    def matcher(self, compiled: Any) -> GrammarState:
-        return GrammarState(compiled)
+    def matcher(self, grammar: Any) -> GrammarState:
+        """A new sequence's position in `grammar`: its start, or for a `ContinuedGrammar`
+        the position past its delivered tokens."""
+        if not isinstance(grammar, ContinuedGrammar):
+            return GrammarState(grammar)
+        state = GrammarState(grammar.compiled)
+        for token in grammar.delivered:
+            state.accept(token)
+        return state
+
+    def continued(self, compiled: Any, delivered: Sequence[int]) -> ContinuedGrammar:
+        """`compiled` for a continuation past `delivered`; `GenerationFailed` if it refuses
+        one of them (a worker whose grammar engine differs from the earlier worker's)."""
+        state = GrammarState(compiled)
+        for token in delivered:
+            if not state.matcher.accept_token(token):
+                raise GenerationFailed(
+                    "the worker running this job was lost, and this worker's grammar refuses "
+                    "the tokens already delivered: it cannot continue the job"
+                )
+        return ContinuedGrammar(compiled, tuple(delivered))
 
     def mask_rows(self, states: list[GrammarState], logits: torch.Tensor) -> torch.Tensor:
         """`logits` (row `i` is `states[i]`'s, a tensor the caller owns) with every token
@@ -113,6 +133,15 @@ def grammar_of(json_schema: str, tool_call: bool = False) -> Any:
         document,
         xgrammar.Grammar.from_ebnf(f"root ::= {json.dumps(TOOL_CALL_CLOSE)}"),
     )
+
+
+@dataclass(frozen=True)
+class ContinuedGrammar:
+    """A compiled grammar a continuation starts part-way through: past `delivered`, the
+    tokens generated under it before the seam (`GrammarCompiler.continued`)."""
+
+    compiled: Any
+    delivered: tuple[int, ...]
 
 
 class GrammarState:

@@ -21,6 +21,13 @@ from typing import Literal, Protocol
 from tokenrelay.shared.generation import ChatMessage, FunctionTool
 from tokenrelay.shared.redis.model_limits import ChatTemplate
 
+GRAMMAR_CANNOT_CONTINUE = (
+    "the worker running this job was lost, and a job under a JSON schema or a forced tool "
+    "call cannot continue on this engine (its structured outputs start at a request's first "
+    "output token, not past tokens another worker generated)"
+)
+"""What `Engine.continue_grammar` raises (as `GenerationFailed`) where the engine cannot."""
+
 
 @dataclass(frozen=True)
 class SamplingParams:
@@ -99,6 +106,13 @@ class Engine(Protocol):
         """A grammar for `SamplingParams.grammar` that only lets documents valid for
         `json_schema` be generated (with `tool_call`, wrapped in `<tool_call>` ...
         `</tool_call>`); raises `InvalidRequest` where it cannot."""
+        ...
+
+    def continue_grammar(self, grammar: object, delivered: Sequence[int]) -> object:
+        """`grammar` (from `compile_grammar`) for a continuation (`worker.continuation`): its
+        matcher starts past `delivered`, the tokens an earlier worker generated under it.
+        Raises `GenerationFailed` where the engine cannot start a grammar part-way, or the
+        grammar refuses those tokens."""
         ...
 
     def tokenizer_json(self) -> str | None:

@@ -17,10 +17,15 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from tokenrelay.shared.errors import InvalidRequest
+from tokenrelay.shared.errors import GenerationFailed, InvalidRequest
 from tokenrelay.shared.generation import ChatMessage, FunctionTool
 from tokenrelay.shared.redis.model_limits import ChatTemplate
-from tokenrelay.worker.engines.protocol import IncrementalDecoder, SamplingParams, TokenOutput
+from tokenrelay.worker.engines.protocol import (
+    GRAMMAR_CANNOT_CONTINUE,
+    IncrementalDecoder,
+    SamplingParams,
+    TokenOutput,
+)
 
 _VOCAB = ("lorem ", "ipsum ", "dolor ", "sit ", "amet ", "consectetur ", "adipiscing ", "elit ")
 
@@ -81,6 +86,9 @@ class SyntheticEngine:
             f"`{field}` cannot be enforced by the synthetic engine (it has no vocabulary)",
             param=field,
         )
+
+    def continue_grammar(self, grammar: object, delivered: Sequence[int]) -> object:
+        raise GenerationFailed(GRAMMAR_CANNOT_CONTINUE)
 
     def tokenizer_json(self) -> str | None:
         return None

@@ -31,6 +31,7 @@ HOT PATH (docs/architecture.md, "The per-token path"): measure with
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -130,6 +131,9 @@ class TransformersEngine(ModelFilesMethods):
 
     def compile_grammar(self, json_schema: str, tool_call: bool = False) -> object:
         return self._grammars().compile(json_schema, tool_call)
+
+    def continue_grammar(self, grammar: object, delivered: Sequence[int]) -> object:
+        return self._grammars().continued(grammar, delivered)
 
     def add(self, seq_id: str, prompt_ids: list[int], params: SamplingParams) -> None:
         self._joiners.append(_Joiner(seq_id, prompt_ids, params))

@@ -33,13 +33,16 @@ from __future__ import annotations
 
 import os
 from collections import OrderedDict
+from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from typing import Any, Literal
 
+from tokenrelay.shared.errors import GenerationFailed
 from tokenrelay.worker.engines import vllm_top_k
 from tokenrelay.worker.engines.grammar import grammar_of
 from tokenrelay.worker.engines.model_files import ModelFiles, ModelFilesMethods, check_reachable
 from tokenrelay.worker.engines.protocol import (
+    GRAMMAR_CANNOT_CONTINUE,
     Logprob,
     ModelLoadError,
     SamplingParams,
@@ -129,6 +132,9 @@ class VllmEngine(ModelFilesMethods):
         of the wrapped grammar, once xgrammar (vLLM's backend) has accepted it."""
         grammar = grammar_of(json_schema, tool_call)
         return _Structured(grammar=str(grammar)) if tool_call else _Structured(json=json_schema)
+
+    def continue_grammar(self, grammar: object, delivered: Sequence[int]) -> object:
+        raise GenerationFailed(GRAMMAR_CANNOT_CONTINUE)
 
     def add(self, seq_id: str, prompt_ids: list[int], params: SamplingParams) -> None:
         from vllm import SamplingParams as VllmSamplingParams
