@@ -189,7 +189,9 @@ async def _read_tokenrelay(state: AppState, limit: int) -> ClusterView:
 
 async def _queue_depths(client: redis.asyncio.Redis) -> dict[str, int]:
     """Jobs waiting in each of tokenrelay's RQ queues, by name (RQ lists a queue once a job
-    was put on it)."""
+    was put on it), a model's queue counting too the jobs of its priority placed by prefix
+    on one of its workers (`api.jobs.placement`: they wait in that worker's own queue, which
+    RQ does not list): what waits for the model, wherever."""
     prefix = Queue.redis_queue_namespace_prefix
     listed = cast("set[str]", await client.smembers(Queue.redis_queues_keys))
     names = sorted(
@@ -197,11 +199,29 @@ async def _queue_depths(client: redis.asyncio.Redis) -> dict[str, int]:
         for key in listed
         if key.startswith(prefix) and queue_model(key.removeprefix(prefix)) is not None
     )
+    models = sorted({model for name in names if (model := queue_model(name)) is not None})
     async with client.pipeline(transaction=False) as pipe:
         for name in names:
             pipe.llen(prefix + name)
-        depths = await pipe.execute()
-    return dict(zip(names, depths, strict=True))
+        for model in models:
+            pipe.zrange(keys.placement_workers(model), 0, -1)
+        replies = await pipe.execute()
+    depths = dict(zip(names, replies[: len(names)], strict=True))
+    placed = [
+        (model, worker, priority)
+        for model, workers in zip(models, replies[len(names) :], strict=True)
+        for worker in workers
+        for priority in PRIORITIES
+    ]
+    if placed:
+        async with client.pipeline(transaction=False) as pipe:
+            for _, worker, priority in placed:
+                pipe.llen(prefix + keys.worker_queue(worker, priority))
+            lengths = await pipe.execute()
+        for (model, _, priority), length in zip(placed, lengths, strict=True):
+            queue = keys.generation_queue(model, priority)
+            depths[queue] = depths.get(queue, 0) + length
+    return depths
 
 
 def _every_priority(depths: dict[str, int], models: Iterable[str]) -> dict[str, int]:

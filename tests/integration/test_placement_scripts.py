@@ -7,8 +7,10 @@ from __future__ import annotations
 
 import pytest
 import redis
+import redis.asyncio
 from rq.job import Job
 
+from tokenrelay.api.cluster_view import _queue_depths
 from tokenrelay.shared.events import Started
 from tokenrelay.shared.generation import ChatMessage, GenerationRequest
 from tokenrelay.shared.prefix_blocks import block_hashes
@@ -169,3 +171,21 @@ def test_a_worker_drains_its_own_queue_before_its_models_of_each_priority(
     worker = build_worker(rq_connection, "w1", {GENERATE_FUNCTION: generate}, model="m")
     worker.work(burst=True)
     assert ran == ["shared-high", "own-normal", "shared-normal", "own-low"]
+
+
+async def test_a_models_queue_depth_counts_the_jobs_placed_on_its_workers(
+    run: SyncScripts,
+    settings: Settings,
+    rq_connection: redis.Redis,
+    async_redis: redis.asyncio.Redis,
+) -> None:
+    """`/v1/cluster` and `tokenrelay_queue_depth` show what waits for a model, wherever: a
+    job placed on a worker waits in that worker's own queue, which RQ does not list."""
+    register(run, settings, "w1")
+    admit(run, settings, rq_connection, "placed", worker="w1", priority="high")
+    admit(run, settings, rq_connection, "shared")
+    assert own_queue(rq_connection, "w1", "high") == ["placed"]
+    depths = await _queue_depths(async_redis)
+    assert depths[keys.generation_queue("m", "high")] == 1
+    assert depths[keys.generation_queue("m", "normal")] == 1
+    assert not [name for name in depths if "worker" in name]
