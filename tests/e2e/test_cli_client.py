@@ -7,7 +7,6 @@ import json
 import os
 import re
 import subprocess
-from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
@@ -30,12 +29,6 @@ def cluster(make_module_cluster: ClusterFactory) -> Cluster:
     return make_module_cluster(
         {"TOKENRELAY_MAX_INFLIGHT": "2", "TOKENRELAY_WORKER_CONCURRENCY": "1"}
     )
-
-
-@pytest.fixture
-def http(cluster: Cluster) -> Iterator[httpx.Client]:
-    with httpx.Client(base_url=cluster.base_url, timeout=30) as client:
-        yield client
 
 
 def tokenrelay(cluster: Cluster, *args: str, **env: str) -> subprocess.CompletedProcess[str]:

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import Iterator
 
 import httpx
 import openai
@@ -29,18 +28,6 @@ def cluster(make_module_cluster: ClusterFactory) -> Cluster:
         },
         api_workers=2,
     )
-
-
-@pytest.fixture
-def client(cluster: Cluster) -> Iterator[openai.OpenAI]:
-    with openai.OpenAI(base_url=f"{cluster.base_url}/v1", api_key="unused", max_retries=0) as c:
-        yield c
-
-
-@pytest.fixture
-def http(cluster: Cluster) -> Iterator[httpx.Client]:
-    with httpx.Client(base_url=cluster.base_url, timeout=30) as c:
-        yield c
 
 
 def job_events(http: httpx.Client, job_id: str, last_event_id: int | None = None) -> list[dict]:

@@ -6,7 +6,6 @@ sampling controls (penalties, `logit_bias`, vLLM's `ignore_eos`)."""
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Literal
 
@@ -25,18 +24,6 @@ MESSAGES = [{"role": "user", "content": "tell me about the sea"}]
 @pytest.fixture(scope="module")
 def cluster(make_module_cluster: ClusterFactory) -> Cluster:
     return make_module_cluster({"TOKENRELAY_MAX_INFLIGHT": "8"})
-
-
-@pytest.fixture
-def client(cluster: Cluster) -> Iterator[openai.OpenAI]:
-    with openai.OpenAI(base_url=f"{cluster.base_url}/v1", api_key="unused", max_retries=0) as c:
-        yield c
-
-
-@pytest.fixture
-def http(cluster: Cluster) -> Iterator[httpx.Client]:
-    with httpx.Client(base_url=cluster.base_url, timeout=30) as c:
-        yield c
 
 
 def sse_data(response: httpx.Response) -> list[str]:

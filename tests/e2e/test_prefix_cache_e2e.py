@@ -5,8 +5,6 @@ tiny model) and the official `openai` client."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-
 import httpx
 import openai
 import pytest
@@ -26,18 +24,6 @@ BLOCK = 16  # TOKENRELAY_PREFIX_CACHE_BLOCK_TOKENS's default
 @pytest.fixture(scope="module")
 def cluster(make_module_cluster: ClusterFactory) -> Cluster:
     return make_module_cluster({"TOKENRELAY_MAX_INFLIGHT": "4"})
-
-
-@pytest.fixture
-def client(cluster: Cluster) -> Iterator[openai.OpenAI]:
-    with openai.OpenAI(base_url=f"{cluster.base_url}/v1", api_key="unused", max_retries=0) as c:
-        yield c
-
-
-@pytest.fixture
-def http(cluster: Cluster) -> Iterator[httpx.Client]:
-    with httpx.Client(base_url=cluster.base_url, timeout=30) as c:
-        yield c
 
 
 def cached_tokens(usage: object) -> int:

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import io
 import json
-from collections.abc import Iterator
 from typing import Any
 
 import httpx
@@ -47,12 +46,6 @@ def cluster(make_module_cluster: ClusterFactory) -> Cluster:
     return make_module_cluster(
         {"TOKENRELAY_MAX_INFLIGHT": "8", "TOKENRELAY_FLUSH_INTERVAL_MS": "0"}
     )
-
-
-@pytest.fixture
-def client(cluster: Cluster) -> Iterator[openai.OpenAI]:
-    with openai.OpenAI(base_url=f"{cluster.base_url}/v1", api_key="unused", max_retries=0) as c:
-        yield c
 
 
 def create(client: openai.OpenAI, **fields: Any) -> Any:

@@ -8,7 +8,6 @@ the middle; it always runs to `max_output_tokens` (status `incomplete`)."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from typing import Any
 
 import openai
@@ -33,12 +32,6 @@ def cluster(make_module_cluster: ClusterFactory) -> Cluster:
             "TOKENRELAY_RESULT_TTL_S": str(RESULT_TTL_S),
         }
     )
-
-
-@pytest.fixture
-def client(cluster: Cluster) -> Iterator[openai.OpenAI]:
-    with openai.OpenAI(base_url=f"{cluster.base_url}/v1", api_key="unused", max_retries=0) as c:
-        yield c
 
 
 def background(client: openai.OpenAI, tokens: int, **fields: Any) -> Any:

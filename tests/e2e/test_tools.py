@@ -7,7 +7,6 @@ back; stop words still end a ReAct turn when tools are also sent; bad tool field
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
 from typing import Any, Literal
 
 import httpx
@@ -51,12 +50,6 @@ def cluster(make_module_cluster: ClusterFactory) -> Cluster:
     return make_module_cluster(
         {"TOKENRELAY_MAX_INFLIGHT": "8", "TOKENRELAY_FLUSH_INTERVAL_MS": "0"}
     )
-
-
-@pytest.fixture
-def client(cluster: Cluster) -> Iterator[openai.OpenAI]:
-    with openai.OpenAI(base_url=f"{cluster.base_url}/v1", api_key="unused", max_retries=0) as c:
-        yield c
 
 
 def forced(client: openai.OpenAI, seed: int, **fields: Any) -> Any:
