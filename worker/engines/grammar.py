@@ -71,12 +71,9 @@ class GrammarCompiler:
     def matcher(self, grammar: Any) -> GrammarState:
         """A new sequence's position in `grammar`: its start, or for a `ContinuedGrammar`
         the position past its delivered tokens."""
-        if not isinstance(grammar, ContinuedGrammar):
-            return GrammarState(grammar)
-        state = GrammarState(grammar.compiled)
-        for token in grammar.delivered:
-            state.accept(token)
-        return state
+        if isinstance(grammar, ContinuedGrammar):
+            return grammar.state
+        return GrammarState(grammar)
 
     def continued(self, compiled: Any, delivered: Sequence[int]) -> ContinuedGrammar:
         """`compiled` for a continuation past `delivered`; `GenerationFailed` if it refuses
@@ -88,7 +85,7 @@ class GrammarCompiler:
                     "the worker running this job was lost, and this worker's grammar refuses "
                     "the tokens already delivered: it cannot continue the job"
                 )
-        return ContinuedGrammar(compiled, tuple(delivered))
+        return ContinuedGrammar(state)
 
     def mask_rows(self, states: list[GrammarState], logits: torch.Tensor) -> torch.Tensor:
         """`logits` (row `i` is `states[i]`'s, a tensor the caller owns) with every token
@@ -137,11 +134,10 @@ def grammar_of(json_schema: str, tool_call: bool = False) -> Any:
 
 @dataclass(frozen=True)
 class ContinuedGrammar:
-    """A compiled grammar a continuation starts part-way through: past `delivered`, the
-    tokens generated under it before the seam (`GrammarCompiler.continued`)."""
+    """One continuation's position in its grammar, already past the tokens delivered before
+    the seam (`GrammarCompiler.continued`): its job's row starts from it."""
 
-    compiled: Any
-    delivered: tuple[int, ...]
+    state: GrammarState
 
 
 class GrammarState:
